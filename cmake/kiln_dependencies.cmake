@@ -1,0 +1,26 @@
+# kiln_dependencies.cmake: finds what kiln's headers need and bundles it in one INTERFACE
+# target, kiln::dependencies. Used by kiln's own build and by find_package(kiln).
+#
+# LibTorch: Debian's libtorch-dev (find_package(Torch)), or a PyTorch install found through
+# CMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').
+if(TARGET kiln::dependencies)
+  return()
+endif()
+
+find_package(Torch REQUIRED)
+find_package(tomlplusplus REQUIRED)
+find_package(ZLIB REQUIRED)
+
+add_library(kiln_dependencies INTERFACE IMPORTED GLOBAL)
+add_library(kiln::dependencies ALIAS kiln_dependencies)
+target_link_libraries(kiln_dependencies INTERFACE ${TORCH_LIBRARIES} tomlplusplus::tomlplusplus ZLIB::ZLIB
+                                                  ${CMAKE_DL_LIBS})
+# TorchConfig.cmake gives its flags as one string (e.g. -D_GLIBCXX_USE_CXX11_ABI=1).
+separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
+# LibTorch's c10d headers hide the Gloo process group behind this macro, and
+# TorchConfig.cmake does not define it (FIELD-NOTES).
+find_path(KILN_GLOO_INCLUDE gloo/config.h)
+if(KILN_GLOO_INCLUDE)
+  target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO)
+endif()

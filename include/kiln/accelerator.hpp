@@ -1,0 +1,210 @@
+// kiln/accelerator.hpp: the loop you write yourself, with kiln's policies doing the rest
+// (the shape of Hugging Face Accelerate).
+//
+//   kiln::accelerator<kiln::optim::adamw> acc({.optimizer = {.lr = 1e-3}});
+//   acc.prepare(*model);
+//   for (auto& [x, y] : batches) {
+//     auto micro = acc.accumulate();          // one micro-step; steps the optimizer at scope end
+//     torch::Tensor loss;                      // when this micro-step completes a window
+//     { auto cast = acc.autocast(); loss = torch::cross_entropy_loss(model->forward(x), y); }
+//     acc.backward(loss);
+//   }
+//
+// Without accumulate(), call acc.step() after every backward(): it steps the optimizer only
+// on the last micro-step of each accumulation window. kiln::trainer is built on this class.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/concepts.hpp"
+#include "kiln/io/state.hpp"
+#include "kiln/policies.hpp"
+#include "kiln/schedule.hpp"
+
+namespace kiln {
+
+// What one call of step() did.
+struct step_result {
+  bool stepped = false;     // the optimizer ran (a sync micro-step with finite gradients)
+  bool skipped = false;     // a sync micro-step whose gradients were not finite: no update
+  double lr = 0.0;          // the lr the optimizer used
+  double grad_norm = -1.0;  // global gradient norm before clipping; -1 when not measured
+};
+
+template <class... Ps>
+class accelerator {
+ public:
+  using policies = policy_pack<Ps...>;
+  using precision_t = typename policies::precision;
+  using accumulation_t = typename policies::accumulation;
+  using checkpointing_t = typename policies::checkpointing;
+  using sharding_t = typename policies::sharding;
+  using optimizer_t = typename policies::optimizer;
+  using profiler_t = typename policies::profiler;
+
+  // One member per axis, each the policy's own settings struct, plus what belongs to no axis.
+  struct settings {
+    typename precision_t::settings precision{};
+    typename accumulation_t::settings accumulation{};
+    typename checkpointing_t::settings checkpointing{};
+    typename sharding_t::settings sharding{};
+    typename optimizer_t::settings optimizer{};
+    typename profiler_t::settings profiler{};
+    schedule_settings scheduler{};
+    double clip_grad_norm = 0.0;   // max global L2 norm of the gradients; 0 = no clipping
+    std::int64_t total_steps = 0;  // optimizer steps in the run, for decaying schedules
+  };
+
+  explicit accelerator(settings s = {})
+      : settings_(std::move(s)),
+        precision_(settings_.precision),
+        accumulation_(settings_.accumulation),
+        checkpointing_(settings_.checkpointing),
+        sharding_(settings_.sharding),
+        optimizer_(settings_.optimizer),
+        profiler_(settings_.profiler) {}
+
+  // Wraps checkpointed blocks, places (or shards) the parameters, then builds the optimizer
+  // over them: the order of DESIGN.md's step lifecycle.
+  void prepare(torch::nn::Module& model) {
+    checkpointing_.apply(model);
+    sharding_.prepare(model);
+    named_params_.clear();
+    params_.clear();
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) continue;
+      named_params_.emplace_back(item.key(), item.value());
+      params_.push_back(item.value());
+    }
+    optimizer_.attach(named_params_);
+    micro_ = 0;
+  }
+  template <class M>
+  void prepare(torch::nn::ModuleHolder<M>& model) {
+    prepare(*model);
+  }
+
+  // The precision policy's autocast scope; keep forward and loss inside it.
+  auto autocast() const { return precision_.autocast(); }
+
+  // True when the current micro-step is the last of its accumulation window: its backward
+  // synchronises gradients and the following step() updates the parameters.
+  bool is_sync_step() const { return accumulation_.is_sync_step(micro_); }
+
+  void backward(const torch::Tensor& loss) {
+    auto scaled = precision_.scale(accumulation_.normalize(loss));
+    if (is_sync_step()) {
+      scaled.backward();
+      sharding_.finish_backward();
+    } else {
+      auto no_sync = sharding_.no_sync();
+      scaled.backward();
+    }
+  }
+
+  // Ends a micro-step; on the last one of a window: unscale, agree on finiteness across
+  // ranks, clip, schedule, update, zero the gradients.
+  step_result step() {
+    step_result result;
+    if (!is_sync_step()) {
+      ++micro_;
+      return last_ = result;
+    }
+    micro_ = 0;
+    bool finite = precision_.unscale_and_check(params_);
+    finite = sharding_.all_ranks_true(finite);  // every rank must skip the same steps
+    precision_.update(finite);
+    result.lr = optimizer_.base_lr() * schedule_factor(settings_.scheduler, step_, settings_.total_steps);
+    if (finite) {
+      if (settings_.clip_grad_norm > 0)
+        result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
+      optimizer_.set_lr(result.lr);
+      optimizer_.step();
+      result.stepped = true;
+    } else {
+      result.skipped = true;
+    }
+    optimizer_.zero_grad();
+    ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
+    return last_ = result;
+  }
+
+  // One micro-step as a scope: backward() inside it, step() at its end.
+  class micro_step {
+   public:
+    explicit micro_step(accelerator& acc) : acc_(&acc), sync_(acc.is_sync_step()) {}
+    micro_step(const micro_step&) = delete;
+    micro_step& operator=(const micro_step&) = delete;
+    ~micro_step() noexcept(false) {
+      if (std::uncaught_exceptions() == 0) acc_->step();
+    }
+    bool sync() const { return sync_; }
+
+   private:
+    accelerator* acc_;
+    bool sync_;
+  };
+  [[nodiscard]] micro_step accumulate() { return micro_step(*this); }
+
+  // Completed accumulation windows (optimizer steps, including ones skipped on overflow).
+  std::int64_t optimizer_steps() const { return step_; }
+  const step_result& last_step() const { return last_; }
+
+  bool is_main() const { return sharding_.rank() == 0; }
+  std::int64_t rank() const { return sharding_.rank(); }
+  std::int64_t world_size() const { return sharding_.world_size(); }
+  torch::Tensor sum_over_ranks(const torch::Tensor& t) { return sharding_.sum_over_ranks(t); }
+
+  // Everything the accelerator and its policies need to continue exactly where they were.
+  void save_state(state_dict& state) const {
+    state["accelerator/step"] = scalar_tensor(step_);
+    save_policy_state(precision_, state, "precision/");
+    save_policy_state(optimizer_, state, "optim/");
+  }
+  void load_state(const state_dict& state) {
+    step_ = require(state, "accelerator/step").template item<std::int64_t>();
+    micro_ = 0;
+    load_policy_state(precision_, state, "precision/");
+    load_policy_state(optimizer_, state, "optim/");
+  }
+
+  const settings& config() const { return settings_; }
+  precision_t& precision() { return precision_; }
+  accumulation_t& accumulation() { return accumulation_; }
+  checkpointing_t& checkpointing() { return checkpointing_; }
+  sharding_t& sharding() { return sharding_; }
+  optimizer_t& optimizer() { return optimizer_; }
+  profiler_t& profiler() { return profiler_; }
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+
+ private:
+  template <class P>
+  static void save_policy_state(const P& p, state_dict& state, const std::string& prefix) {
+    if constexpr (requires { p.save_state(state, prefix); }) p.save_state(state, prefix);
+  }
+  template <class P>
+  static void load_policy_state(P& p, const state_dict& state, const std::string& prefix) {
+    if constexpr (requires { p.load_state(state, prefix); }) p.load_state(state, prefix);
+  }
+
+  settings settings_;
+  precision_t precision_;
+  accumulation_t accumulation_;
+  checkpointing_t checkpointing_;
+  sharding_t sharding_;
+  optimizer_t optimizer_;
+  profiler_t profiler_;
+
+  std::vector<std::pair<std::string, torch::Tensor>> named_params_;
+  std::vector<torch::Tensor> params_;
+  std::int64_t micro_ = 0;  // index of the current micro-step within its window
+  std::int64_t step_ = 0;   // completed accumulation windows
+  step_result last_{};
+};
+
+}  // namespace kiln

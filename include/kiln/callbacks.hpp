@@ -1,0 +1,72 @@
+// kiln/callbacks.hpp: hooks into kiln::trainer's loop (Lightning's callbacks, the HF
+// Trainer's TrainerCallback). Returning control::stop from a hook ends the run after the
+// current step, with a final save, like a KeyboardInterrupt handled well.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace kiln {
+
+enum class control { proceed, stop };
+
+struct step_info {
+  std::int64_t step = 0;  // optimizer steps completed
+  std::int64_t total_steps = 0;
+  std::int64_t epoch = 0;
+  double loss = 0.0;  // mean loss over the micro-batches of this step
+  double lr = 0.0;
+  double grad_norm = -1.0;  // -1 when not measured (no clipping)
+  bool skipped = false;     // non-finite gradients: no update
+  double steps_per_second = 0.0;
+};
+
+struct eval_info {
+  std::int64_t step = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;  // fraction in [0, 1]
+  std::int64_t samples = 0;
+};
+
+struct fit_summary {
+  std::int64_t steps = 0;
+  bool stopped_early = false;
+  double seconds = 0.0;
+  double final_train_loss = 0.0;
+  eval_info final_eval;
+  bool evaluated = false;
+};
+
+class callback {
+ public:
+  virtual ~callback() = default;
+  virtual void on_fit_begin(std::int64_t /*start_step*/, std::int64_t /*total_steps*/) {}
+  virtual control on_step_end(const step_info&) { return control::proceed; }
+  virtual control on_eval(const eval_info&) { return control::proceed; }
+  virtual void on_fit_end(const fit_summary&) {}
+};
+
+// A callback from a lambda, for the common one-hook case:
+//   trainer.add_callback(kiln::on_step_end([](const kiln::step_info& s) { ... }));
+inline std::shared_ptr<callback> on_step_end(std::function<control(const step_info&)> f) {
+  struct lambda_callback : callback {
+    std::function<control(const step_info&)> f;
+    control on_step_end(const step_info& s) override { return f(s); }
+  };
+  auto c = std::make_shared<lambda_callback>();
+  c->f = std::move(f);
+  return c;
+}
+
+inline std::shared_ptr<callback> on_eval(std::function<control(const eval_info&)> f) {
+  struct lambda_callback : callback {
+    std::function<control(const eval_info&)> f;
+    control on_eval(const eval_info& e) override { return f(e); }
+  };
+  auto c = std::make_shared<lambda_callback>();
+  c->f = std::move(f);
+  return c;
+}
+
+}  // namespace kiln

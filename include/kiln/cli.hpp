@@ -1,0 +1,163 @@
+// kiln/cli.hpp: the `kiln` command line, over a catalog of compiled policy combinations.
+//
+// A recipe chooses policy types, so the binary that runs it must contain that combination.
+// The build generates the catalog from recipes (cmake: kiln_add_recipe_executable), and
+// every such executable is a full kiln CLI for its recipes:
+//   kiln run RECIPE [--set table.key=value]...   train
+//   kiln check RECIPE [--set ...]                print the resolved recipe and its combination
+//   kiln list                                    recipes and compiled combinations
+//   kiln doctor                                  LibTorch, threads, BLAS, Gloo/CUDA, datasets
+#pragma once
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "kiln/doctor.hpp"
+#include "kiln/kiln.hpp"
+
+namespace kiln::cli {
+
+struct compiled_combination {
+  combination_kinds kinds;
+  std::vector<std::string> recipes;  // the recipes this combination was compiled for
+  fit_summary (*run)(const recipe&, const run_request&);
+  std::pair<std::string, std::string> (*resolve)(const recipe&);
+};
+
+template <class Trainer>
+compiled_combination make_combination(combination_kinds kinds, std::vector<std::string> recipes) {
+  return {std::move(kinds), std::move(recipes), &run_recipe<Trainer>, &resolve_recipe<Trainer>};
+}
+
+namespace detail {
+
+inline const compiled_combination& find_combination(const recipe& r, const std::vector<compiled_combination>& catalog) {
+  for (const auto& c : catalog)
+    if (c.kinds == r.kinds) return c;
+  std::string text = r.file.string() + ": this kiln binary does not contain the policy combination\n  " +
+                     r.combination() + "\nit contains:\n";
+  for (const auto& c : catalog) text += "  " + combination_name(c.kinds) + "\n";
+  text +=
+      "A recipe's combination is compiled when the build sees the recipe: put it in kiln's recipes/ folder and rerun "
+      "./kiln (the build regenerates the catalog), or in your own CMake project call "
+      "kiln_add_recipe_executable(<target> RECIPES " +
+      r.file.filename().string() + ").";
+  throw config_error(text);
+}
+
+struct parsed_args {
+  std::string command;
+  std::string recipe;
+  std::vector<std::string> overrides;
+  bool progress = true;
+};
+
+inline parsed_args parse(int argc, char** argv) {
+  parsed_args a;
+  if (argc > 1) a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
+    else if (arg.rfind("--set=", 0) == 0) a.overrides.push_back(arg.substr(6));
+    else if (arg == "--no-progress") a.progress = false;
+    else if (arg.rfind("--", 0) == 0) throw config_error("unknown option " + arg + " (see kiln help)");
+    else if (a.recipe.empty()) a.recipe = arg;
+    else throw config_error("unexpected argument " + arg + " (one recipe per command)");
+  }
+  return a;
+}
+
+inline void usage() {
+  std::printf(
+      "kiln: compose a LibTorch training run from policies and TOML recipes\n\n"
+      "usage:\n"
+      "  kiln run RECIPE [--set table.key=value]... [--no-progress]   train as the recipe says\n"
+      "  kiln check RECIPE [--set table.key=value]...                 validate; print the resolved recipe\n"
+      "  kiln list                                                    recipes and compiled policy combinations\n"
+      "  kiln doctor                                                  what this machine gives a run\n");
+}
+
+inline std::string read_description(const std::string& file) {
+  try {
+    auto r = load_recipe(file);
+    return r.info.name + ": " + r.info.description;
+  } catch (const error& e) {
+    return std::string("(unreadable: ") + e.what() + ")";
+  }
+}
+
+// Two cores shared by LibTorch's OpenMP threads and OpenBLAS's own threads: with libgomp's
+// default (active) waiting, each spins while the other works, and an MLP step ran 12x slower
+// with 2 threads than with 1 (bench/README.md). Passive waiting removes that. libgomp reads
+// the variable when it loads, before main(), so the CLI sets it and re-executes itself once;
+// an explicit OMP_WAIT_POLICY from the user is left alone.
+inline void ensure_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+}
+
+}  // namespace detail
+
+inline int main(int argc, char** argv, const std::vector<compiled_combination>& catalog) {
+  detail::ensure_passive_openmp_wait(argv);
+  try {
+    auto args = detail::parse(argc, argv);
+    if (args.command.empty() || args.command == "help" || args.command == "--help" || args.command == "-h") {
+      detail::usage();
+      return args.command.empty() ? 2 : 0;
+    }
+    if (args.command == "list") {
+      std::printf("recipes compiled into this binary:\n");
+      for (const auto& c : catalog)
+        for (const auto& file : c.recipes) std::printf("  %-40s %s\n", file.c_str(), detail::read_description(file).c_str());
+      std::printf("\npolicy combinations:\n");
+      for (const auto& c : catalog) std::printf("  %s\n", combination_name(c.kinds).c_str());
+      return 0;
+    }
+    if (args.command == "doctor") {
+      at::set_num_threads(static_cast<int>(resolve_threads(0)));
+      int warnings = 0;
+      for (const auto& line : diagnose()) {
+        std::printf("%-14s %s\n", line.topic.c_str(), line.value.c_str());
+        if (!line.warning.empty()) std::printf("%-14s   warning: %s\n", "", line.warning.c_str()), ++warnings;
+      }
+      std::printf("%s\n", warnings ? "some warnings: see above" : "all good");
+      return 0;
+    }
+    if (args.command == "run" || args.command == "check") {
+      if (args.recipe.empty()) throw config_error("kiln " + args.command + ": which recipe? e.g. kiln " +
+                                                  args.command + " recipes/quickstart.toml");
+      auto r = load_recipe(args.recipe, args.overrides);
+      const auto& combination = detail::find_combination(r, catalog);
+      if (args.command == "check") {
+        auto [resolved, fingerprint] = combination.resolve(r);
+        std::printf("%s\n# policy combination: %s (compiled in)\n", resolved.c_str(), r.combination().c_str());
+        return 0;
+      }
+      auto summary = combination.run(r, {.progress = args.progress});
+      std::printf("%s: %lld steps in %.1f s", r.info.name.c_str(), (long long)summary.steps, summary.seconds);
+      if (summary.evaluated)
+        std::printf(", eval loss %.4f, accuracy %.2f%%", summary.final_eval.loss, 100.0 * summary.final_eval.accuracy);
+      std::printf("%s; run directory %s\n", summary.stopped_early ? " (stopped early)" : "", r.run_dir().c_str());
+      return 0;
+    }
+    throw config_error("unknown command \"" + args.command + "\" (try: run, check, list, doctor)");
+  } catch (const kiln::error& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "kiln: LibTorch error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace kiln::cli

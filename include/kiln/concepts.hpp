@@ -1,0 +1,222 @@
+// kiln/concepts.hpp: the six policy axes, what a policy on each must provide, and how a
+// pack of policies given in any order resolves to one policy per axis.
+//
+// A policy names its axis with `using axis = kiln::axis::<name>;`. The members each axis
+// requires are listed once below, both as a C++20 concept (for users who constrain their own
+// templates) and as a series of static_asserts (so a wrong policy fails with one sentence that
+// names the axis and the missing member instead of a template backtrace). The default policy
+// of each axis (precision/fp32.hpp, optim/sgd.hpp, ...) is the template to copy.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace kiln {
+
+namespace axis {
+struct precision { static constexpr std::string_view name = "precision"; };
+struct accumulation { static constexpr std::string_view name = "accumulation"; };
+struct checkpointing { static constexpr std::string_view name = "checkpointing"; };
+struct sharding { static constexpr std::string_view name = "sharding"; };
+struct optimizer { static constexpr std::string_view name = "optimizer"; };
+struct profiler { static constexpr std::string_view name = "profiler"; };
+}  // namespace axis
+
+// Phases of a training step, as the profiler axis sees them.
+enum class phase { data, forward, backward, optimizer, communication, evaluation };
+
+// --- What every policy has -------------------------------------------------------------
+template <class P>
+concept names_an_axis = requires { typename P::axis; };
+
+template <class P>
+concept has_kind = requires {
+  { P::kind } -> std::convertible_to<std::string_view>;
+};
+
+template <class P>
+concept has_settings = requires { typename P::settings; } && std::is_default_constructible_v<typename P::settings>;
+
+template <class P>
+concept constructible_from_settings = has_settings<P> && std::constructible_from<P, const typename P::settings&>;
+
+template <class P>
+concept policy_basics = names_an_axis<P> && has_kind<P> && constructible_from_settings<P>;
+
+// --- One concept per axis ------------------------------------------------------------
+// precision: owns the autocast scope, loss scaling and the finite check of gradients.
+template <class P>
+concept precision_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::precision> &&
+    requires(P& p, const P& cp, const torch::Tensor& loss, std::vector<torch::Tensor>& params, bool finite) {
+      cp.autocast();                                            // RAII scope around forward + loss
+      { cp.scale(loss) } -> std::convertible_to<torch::Tensor>;  // loss to call backward() on
+      { p.unscale_and_check(params) } -> std::same_as<bool>;     // true when every gradient is finite
+      p.update(finite);                                          // after the (rank-agreed) finite check
+    };
+
+// accumulation: how many micro-batches make one optimizer step and how the loss is normalised.
+template <class P>
+concept accumulation_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::accumulation> &&
+    requires(const P& cp, const torch::Tensor& loss, std::int64_t micro) {
+      { cp.micro_steps() } -> std::convertible_to<std::int64_t>;
+      { cp.is_sync_step(micro) } -> std::same_as<bool>;
+      { cp.normalize(loss) } -> std::convertible_to<torch::Tensor>;
+    };
+
+// checkpointing: which sub-modules recompute their forward in backward.
+template <class P>
+concept checkpointing_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::checkpointing> &&
+    requires(P& p, torch::nn::Module& model) {
+      p.apply(model);
+    };
+
+// sharding: where parameters, gradients and optimizer state live, and the collectives.
+template <class P>
+concept sharding_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::sharding> &&
+    requires(P& p, const P& cp, torch::nn::Module& model, bool flag, const torch::Tensor& t) {
+      { cp.rank() } -> std::convertible_to<std::int64_t>;
+      { cp.world_size() } -> std::convertible_to<std::int64_t>;
+      p.prepare(model);
+      p.no_sync();                                       // RAII scope: backward without gradient sync
+      p.finish_backward();                               // after backward on a sync micro-step
+      { p.all_ranks_true(flag) } -> std::same_as<bool>;  // logical AND over ranks
+      { p.sum_over_ranks(t) } -> std::convertible_to<torch::Tensor>;
+    };
+
+// optimizer: the update rule over the parameters it is attached to, and its state.
+template <class P>
+concept optimizer_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::optimizer> &&
+    requires(P& p, const P& cp, const std::vector<std::pair<std::string, torch::Tensor>>& named, double lr) {
+      p.attach(named);
+      p.step();
+      p.zero_grad();
+      p.set_lr(lr);
+      { cp.base_lr() } -> std::convertible_to<double>;
+      { cp.state_bytes() } -> std::convertible_to<std::int64_t>;
+    };
+
+// profiler: hooks around phases and steps. `enabled == false` promises the hooks are empty,
+// and the loop then does not even call them (if constexpr).
+template <class P>
+concept profiler_policy =
+    policy_basics<P> && std::same_as<typename P::axis, axis::profiler> &&
+    requires(P& p, kiln::phase ph, std::int64_t step) {
+      { P::enabled } -> std::convertible_to<bool>;
+      p.begin(ph);
+      p.end(ph);
+      p.on_step_end(step);
+    };
+
+namespace detail {
+
+template <class T>
+struct always_false : std::false_type {};
+
+template <class Axis, class P>
+inline constexpr bool on_axis = [] {
+  if constexpr (names_an_axis<P>) return std::is_same_v<typename P::axis, Axis>;
+  else return false;
+}();
+
+template <class P>
+inline constexpr bool on_known_axis =
+    on_axis<axis::precision, P> || on_axis<axis::accumulation, P> || on_axis<axis::checkpointing, P> ||
+    on_axis<axis::sharding, P> || on_axis<axis::optimizer, P> || on_axis<axis::profiler, P>;
+
+// The members every policy needs, each with its own sentence.
+template <class P>
+consteval bool check_policy_basics() {
+  static_assert(names_an_axis<P>,
+                "kiln: this type is not a policy: it has no member `using axis = kiln::axis::<name>;` "
+                "(one of precision, accumulation, checkpointing, sharding, optimizer, profiler)");
+  if constexpr (names_an_axis<P>) {
+    static_assert(on_known_axis<P>,
+                  "kiln: this type is not a policy: its `axis` member is none of kiln::axis::precision, "
+                  "accumulation, checkpointing, sharding, optimizer, profiler");
+  }
+  static_assert(has_kind<P>, "kiln: policy is missing `static constexpr std::string_view kind` (its TOML kind)");
+  static_assert(has_settings<P>, "kiln: policy is missing a default-constructible nested `settings` struct");
+  if constexpr (has_settings<P>)
+    static_assert(constructible_from_settings<P>,
+                  "kiln: policy is missing a constructor `explicit P(const settings&)`");
+  return names_an_axis<P> && on_known_axis<P> && has_kind<P> && constructible_from_settings<P>;
+}
+
+}  // namespace detail
+
+// Checks one policy against its axis, member by member. Returns whether it is complete, so
+// that callers can stop instantiating further code (and further errors) when it is not.
+template <class P>
+consteval bool check_policy() {
+  if constexpr (!detail::check_policy_basics<P>()) {
+    return false;
+  } else if constexpr (std::is_same_v<typename P::axis, axis::precision>) {
+    static_assert(requires(const P& p) { p.autocast(); },
+                  "kiln: precision axis: policy is missing `autocast() const` (an RAII scope around forward and loss)");
+    static_assert(requires(const P& p, const torch::Tensor& t) { { p.scale(t) } -> std::convertible_to<torch::Tensor>; },
+                  "kiln: precision axis: policy is missing `torch::Tensor scale(const torch::Tensor& loss) const`");
+    static_assert(requires(P& p, std::vector<torch::Tensor>& v) { { p.unscale_and_check(v) } -> std::same_as<bool>; },
+                  "kiln: precision axis: policy is missing `bool unscale_and_check(std::vector<torch::Tensor>& params)`");
+    static_assert(requires(P& p) { p.update(true); },
+                  "kiln: precision axis: policy is missing `void update(bool all_finite)`");
+    return precision_policy<P>;
+  } else if constexpr (std::is_same_v<typename P::axis, axis::accumulation>) {
+    static_assert(requires(const P& p) { { p.micro_steps() } -> std::convertible_to<std::int64_t>; },
+                  "kiln: accumulation axis: policy is missing `std::int64_t micro_steps() const`");
+    static_assert(requires(const P& p, std::int64_t m) { { p.is_sync_step(m) } -> std::same_as<bool>; },
+                  "kiln: accumulation axis: policy is missing `bool is_sync_step(std::int64_t micro) const`");
+    static_assert(requires(const P& p, const torch::Tensor& t) { { p.normalize(t) } -> std::convertible_to<torch::Tensor>; },
+                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss) const`");
+    return accumulation_policy<P>;
+  } else if constexpr (std::is_same_v<typename P::axis, axis::checkpointing>) {
+    static_assert(requires(P& p, torch::nn::Module& m) { p.apply(m); },
+                  "kiln: checkpointing axis: policy is missing `void apply(torch::nn::Module& model)`");
+    return checkpointing_policy<P>;
+  } else if constexpr (std::is_same_v<typename P::axis, axis::sharding>) {
+    static_assert(requires(const P& p) { { p.rank() } -> std::convertible_to<std::int64_t>; },
+                  "kiln: sharding axis: policy is missing `std::int64_t rank() const`");
+    static_assert(requires(const P& p) { { p.world_size() } -> std::convertible_to<std::int64_t>; },
+                  "kiln: sharding axis: policy is missing `std::int64_t world_size() const`");
+    static_assert(requires(P& p, torch::nn::Module& m) { p.prepare(m); },
+                  "kiln: sharding axis: policy is missing `void prepare(torch::nn::Module& model)`");
+    static_assert(requires(P& p) { p.no_sync(); },
+                  "kiln: sharding axis: policy is missing `no_sync()` (an RAII scope that suspends gradient sync)");
+    static_assert(requires(P& p) { p.finish_backward(); },
+                  "kiln: sharding axis: policy is missing `void finish_backward()`");
+    static_assert(requires(P& p) { { p.all_ranks_true(true) } -> std::same_as<bool>; },
+                  "kiln: sharding axis: policy is missing `bool all_ranks_true(bool)`");
+    static_assert(requires(P& p, const torch::Tensor& t) { { p.sum_over_ranks(t) } -> std::convertible_to<torch::Tensor>; },
+                  "kiln: sharding axis: policy is missing `torch::Tensor sum_over_ranks(const torch::Tensor&)`");
+    return sharding_policy<P>;
+  } else if constexpr (std::is_same_v<typename P::axis, axis::optimizer>) {
+    static_assert(requires(P& p, const std::vector<std::pair<std::string, torch::Tensor>>& n) { p.attach(n); },
+                  "kiln: optimizer axis: policy is missing `void attach(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters)`");
+    static_assert(requires(P& p) { p.step(); }, "kiln: optimizer axis: policy is missing `void step()`");
+    static_assert(requires(P& p) { p.zero_grad(); }, "kiln: optimizer axis: policy is missing `void zero_grad()`");
+    static_assert(requires(P& p) { p.set_lr(1.0); }, "kiln: optimizer axis: policy is missing `void set_lr(double)`");
+    static_assert(requires(const P& p) { { p.base_lr() } -> std::convertible_to<double>; },
+                  "kiln: optimizer axis: policy is missing `double base_lr() const`");
+    static_assert(requires(const P& p) { { p.state_bytes() } -> std::convertible_to<std::int64_t>; },
+                  "kiln: optimizer axis: policy is missing `std::int64_t state_bytes() const`");
+    return optimizer_policy<P>;
+  } else {
+    static_assert(requires { { P::enabled } -> std::convertible_to<bool>; },
+                  "kiln: profiler axis: policy is missing `static constexpr bool enabled`");
+    static_assert(requires(P& p, kiln::phase ph) { p.begin(ph); p.end(ph); },
+                  "kiln: profiler axis: policy is missing `void begin(kiln::phase)` / `void end(kiln::phase)`");
+    static_assert(requires(P& p, std::int64_t s) { p.on_step_end(s); },
+                  "kiln: profiler axis: policy is missing `void on_step_end(std::int64_t step)`");
+    return profiler_policy<P>;
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,131 @@
+// kiln/doctor.hpp: what this machine gives a training run, and what holds it back.
+//
+// The biggest silent slowdowns on CPU are the BLAS library (the reference BLAS is ~50x slower
+// than OpenBLAS) and the kernel OpenBLAS picked for the CPU, then the thread count. kiln does
+// not change any of them behind the user's back: it reports them, with the fix, here.
+#pragma once
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include "kiln/version.hpp"
+
+namespace kiln {
+
+struct doctor_line {
+  std::string topic;
+  std::string value;
+  std::string warning;  // empty when all is well
+};
+
+namespace detail {
+
+inline std::vector<std::string> loaded_libraries() {
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name && *info->dlpi_name)
+          static_cast<std::vector<std::string>*>(data)->push_back(std::filesystem::weakly_canonical(info->dlpi_name));
+        return 0;
+      },
+      &names);
+  return names;
+}
+
+inline bool cpu_has_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
+// Times an n^3 float GEMM with LibTorch, as the rate the model's matmuls can hope for.
+inline double measured_gemm_gflops(std::int64_t n = 512) {
+  auto a = torch::randn({n, n}), b = torch::randn({n, n});
+  torch::mm(a, b);
+  const int reps = 8;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) torch::mm(a, b);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return 2.0 * n * n * n * reps / s / 1e9;
+}
+
+}  // namespace detail
+
+inline std::vector<doctor_line> diagnose() {
+  std::vector<doctor_line> lines;
+  lines.push_back({"kiln", KILN_VERSION_STRING, ""});
+  lines.push_back({"LibTorch", TORCH_VERSION, ""});
+
+  const auto cores = std::thread::hardware_concurrency();
+  const auto threads = at::get_num_threads();
+  lines.push_back({"threads", std::to_string(threads) + " intra-op (of " + std::to_string(cores) + " cores)",
+                   threads < static_cast<int>(cores)
+                       ? "LibTorch defaults to fewer threads than cores here; recipes set [train] threads (0 = all)"
+                       : ""});
+
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  lines.push_back({"OpenMP wait", wait_policy ? std::string(wait_policy) : "unset (libgomp spins: active)",
+                   !wait_policy && threads > 1
+                       ? "with OpenBLAS threads beside OpenMP's, spinning threads slowed an MLP step 12x on 2 cores; "
+                         "the kiln CLI sets OMP_WAIT_POLICY=PASSIVE, do the same in your own programs"
+                       : ""});
+
+  // Which BLAS library is loaded, and for OpenBLAS which kernel it chose.
+  std::string blas = "unknown";
+  for (const auto& lib : detail::loaded_libraries())
+    if (lib.find("blas") != std::string::npos) blas = lib;
+  std::string blas_warning;
+  if (blas.find("openblas") == std::string::npos && blas.find("mkl") == std::string::npos &&
+      blas.find("blis") == std::string::npos)
+    blas_warning = "this looks like the reference BLAS (~50x slower): apt-get install libopenblas0-pthread";
+  lines.push_back({"BLAS library", blas, blas_warning});
+
+  using corename_fn = char* (*)();
+  using threads_fn = int (*)();
+  if (auto corename = reinterpret_cast<corename_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
+    const std::string core = corename();
+    std::string warning;
+    const bool avx512_cpu = detail::cpu_has_flag("avx512f");
+    const bool avx512_core = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+    if (avx512_cpu && !avx512_core)
+      warning = "the CPU has AVX-512 but OpenBLAS chose its " + core +
+                " kernel; OPENBLAS_CORETYPE=SkylakeX (or Cooperlake) selects the AVX-512 one: measure both";
+    std::string value = core;
+    if (auto nthreads = reinterpret_cast<threads_fn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
+      value += ", " + std::to_string(nthreads()) + " OpenBLAS threads";
+    if (const char* env = std::getenv("OPENBLAS_CORETYPE")) value += std::string(" (OPENBLAS_CORETYPE=") + env + ")";
+    lines.push_back({"OpenBLAS core", value, warning});
+  }
+  char gemm[64];
+  std::snprintf(gemm, sizeof gemm, "%.1f GFLOP/s (512^3 fp32, %d threads)", detail::measured_gemm_gflops(), threads);
+  lines.push_back({"GEMM rate", gemm, ""});
+  lines.push_back({"CPU bf16", detail::cpu_has_flag("avx512_bf16") ? "AVX-512 BF16" : "no native bf16", ""});
+
+#ifdef USE_C10D_GLOO
+  lines.push_back({"Gloo", "available", ""});
+#else
+  lines.push_back({"Gloo", "not compiled in (define USE_C10D_GLOO; Debian: libgloo-dev)", ""});
+#endif
+  const bool cuda = torch::cuda::is_available();
+  lines.push_back({"CUDA", cuda ? std::to_string(torch::cuda::device_count()) + " device(s)" : "not available", ""});
+  lines.push_back({"NCCL", cuda ? "with CUDA builds of LibTorch" : "not available (CPU build)", ""});
+
+  const std::filesystem::path fmnist = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+  lines.push_back({"Fashion-MNIST", std::filesystem::exists(fmnist) ? fmnist.parent_path().string() : "missing",
+                   std::filesystem::exists(fmnist) ? "" : "apt-get install dataset-fashion-mnist"});
+  return lines;
+}
+
+}  // namespace kiln

@@ -1,0 +1,33 @@
+// kiln/errors.hpp: the exceptions kiln throws for bad input.
+//
+// Each names its cause and where it is (file:line for a recipe, the path for data), so the
+// CLI can print e.what() and exit without a stack trace. This header does not depend on LibTorch.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+// Base of every kiln error: catch this to catch them all.
+struct error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A recipe or settings value is wrong: unknown key, wrong type, out of range,
+// or a policy combination that this binary does not contain.
+struct config_error : error {
+  using error::error;
+};
+
+// A dataset file is missing, truncated or not what it claims to be.
+struct data_error : error {
+  using error::error;
+};
+
+// A saved state cannot be read back or does not fit the model it is loaded into.
+struct state_error : error {
+  using error::error;
+};
+
+}  // namespace kiln

@@ -1,0 +1,36 @@
+// kiln/kiln.hpp: the one public include of kiln.
+//
+// kiln turns a LibTorch model into a training run from policies that compose at compile time:
+//   kiln::trainer<kiln::optim::adamw>           kiln owns the loop (fit, evaluate, resume)
+//   kiln::accelerator<kiln::optim::adamw>       you own the loop (prepare, backward, step)
+// and from TOML recipes that pick the policies (kiln/recipe/recipe.hpp).
+#pragma once
+
+#include "kiln/version.hpp"
+
+#include "kiln/concepts.hpp"
+#include "kiln/errors.hpp"
+#include "kiln/policies.hpp"
+
+#include "kiln/accumulation/steps.hpp"
+#include "kiln/checkpointing/none.hpp"
+#include "kiln/optim/adamw.hpp"
+#include "kiln/optim/sgd.hpp"
+#include "kiln/precision/fp32.hpp"
+#include "kiln/profiler/none.hpp"
+#include "kiln/sharding/single.hpp"
+
+#include "kiln/accelerator.hpp"
+#include "kiln/callbacks.hpp"
+#include "kiln/schedule.hpp"
+#include "kiln/trainer.hpp"
+
+#include "kiln/data/fashion_mnist.hpp"
+#include "kiln/data/loader.hpp"
+#include "kiln/data/synthetic.hpp"
+#include "kiln/io/state.hpp"
+#include "kiln/models/cnn.hpp"
+#include "kiln/models/gpt.hpp"
+#include "kiln/models/mlp.hpp"
+#include "kiln/recipe/recipe.hpp"
+#include "kiln/recipe/run.hpp"

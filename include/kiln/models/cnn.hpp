@@ -1,0 +1,117 @@
+// kiln/models/cnn.hpp: a small convolutional classifier for square images.
+//
+// Sized for MNIST-like data: two conv stages with batch norm reach ~91% on Fashion-MNIST in
+// a couple of epochs, which makes it the reference model for the image recipes.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/errors.hpp"
+#include "kiln/recipe/fields.hpp"
+
+namespace kiln::models {
+
+struct cnn_settings {
+  std::int64_t in_channels = 1;
+  std::int64_t image_size = 28;
+  std::vector<std::int64_t> channels{32, 64};
+  std::int64_t hidden = 128;
+  std::int64_t classes = 10;
+  double dropout = 0.25;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("in_channels", in_channels, "channels of the input images", checks::positive);
+    v.field("image_size", image_size, "height and width of the (square) input images",
+            checks::positive);
+    v.field("channels", channels, "output channels of each conv stage; each stage halves the size",
+            checks::each_positive);
+    v.field("hidden", hidden, "width of the fully connected layer before the classifier",
+            checks::positive);
+    v.field("classes", classes, "number of output classes", checks::positive);
+    v.field("dropout", dropout, "dropout before the classifier; 0 disables it",
+            checks::in_range_open(0.0, 1.0));
+  }
+};
+
+}  // namespace kiln::models
+
+namespace kiln::detail {
+
+// Same checks as the recipe reader, plus the one describe() cannot express alone: every
+// pooling stage halves the image, so it must not shrink to nothing.
+inline models::cnn_settings checked_cnn_settings(models::cnn_settings settings) {
+  auto errors = kiln::validate(settings, "model");
+  if (errors.empty()) {
+    std::int64_t size = settings.image_size;
+    for (std::size_t i = 0; i < settings.channels.size(); ++i) size /= 2;
+    if (size < 1)
+      errors.push_back("model.image_size: " + std::to_string(settings.image_size) +
+                       " is too small for " + std::to_string(settings.channels.size()) +
+                       " conv stages (each halves it)");
+  }
+  if (errors.empty()) return settings;
+  std::string text = errors.front();
+  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
+  throw config_error(text);
+}
+
+}  // namespace kiln::detail
+
+namespace kiln::models {
+
+class cnn_impl : public torch::nn::Module {
+ public:
+  explicit cnn_impl(const cnn_settings& settings)
+      : settings_(detail::checked_cnn_settings(settings)) {
+    std::int64_t in = settings_.in_channels;
+    std::int64_t size = settings_.image_size;
+    for (std::int64_t out : settings_.channels) {
+      // The conv bias is redundant in front of batch norm, which subtracts the mean anyway.
+      features->push_back(torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
+      features->push_back(torch::nn::BatchNorm2d(out));
+      features->push_back(torch::nn::ReLU());
+      features->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)));
+      in = out;
+      size /= 2;
+    }
+    classifier->push_back(torch::nn::Flatten());
+    if (settings_.dropout > 0.0) classifier->push_back(torch::nn::Dropout(settings_.dropout));
+    classifier->push_back(torch::nn::Linear(in * size * size, settings_.hidden));
+    classifier->push_back(torch::nn::ReLU());
+    if (settings_.dropout > 0.0) classifier->push_back(torch::nn::Dropout(settings_.dropout));
+    classifier->push_back(torch::nn::Linear(settings_.hidden, settings_.classes));
+    register_module("features", features);
+    register_module("classifier", classifier);
+  }
+
+  // x: [B, C, H, W] or flattened [B, C*H*W]. Returns logits [B, classes].
+  torch::Tensor forward(torch::Tensor x) {
+    const std::int64_t c = settings_.in_channels, s = settings_.image_size;
+    const bool image = x.dim() == 4 && x.size(1) == c && x.size(2) == s && x.size(3) == s;
+    const bool flat = x.dim() == 2 && x.size(1) == c * s * s;
+    if (!image && !flat)
+      throw config_error("cnn: expected input [B, " + std::to_string(c) + ", " +
+                         std::to_string(s) + ", " + std::to_string(s) + "] or [B, " +
+                         std::to_string(c * s * s) + "] (model.in_channels, model.image_size)");
+    if (flat) x = x.reshape({x.size(0), c, s, s});
+    return classifier->forward(features->forward(x));
+  }
+
+  const cnn_settings& settings() const { return settings_; }
+
+  torch::nn::Sequential features;
+  torch::nn::Sequential classifier;
+
+ private:
+  cnn_settings settings_;
+};
+
+TORCH_MODULE_IMPL(cnn, cnn_impl);
+
+}  // namespace kiln::models

@@ -1,0 +1,96 @@
+// kiln/models/mlp.hpp: a plain multi-layer perceptron.
+//
+// The smallest model kiln ships: the baseline for tabular or flattened-image data and the
+// model the fast tests train, so a change in the training loop shows up in seconds.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/errors.hpp"
+#include "kiln/recipe/fields.hpp"
+
+namespace kiln::models {
+
+struct mlp_settings {
+  std::int64_t in_features = 784;
+  std::vector<std::int64_t> hidden{256, 256};
+  std::int64_t classes = 10;
+  double dropout = 0.0;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("in_features", in_features, "input features per sample (inputs are flattened)",
+            checks::positive);
+    v.field("hidden", hidden, "width of each hidden layer; empty gives a linear model",
+            checks::each_positive);
+    v.field("classes", classes, "number of output classes", checks::positive);
+    v.field("dropout", dropout, "dropout after each hidden activation; 0 disables it",
+            checks::in_range_open(0.0, 1.0));
+  }
+};
+
+}  // namespace kiln::models
+
+namespace kiln::detail {
+
+// Settings built in C++ bypass the recipe reader, so the model re-runs the same checks and
+// fails with the same "model.key: expected ..." text instead of a shape error deep in LibTorch.
+inline models::mlp_settings checked_mlp_settings(models::mlp_settings settings) {
+  auto errors = kiln::validate(settings, "model");
+  if (errors.empty()) return settings;
+  std::string text = errors.front();
+  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
+  throw config_error(text);
+}
+
+}  // namespace kiln::detail
+
+namespace kiln::models {
+
+class mlp_impl : public torch::nn::Module {
+ public:
+  explicit mlp_impl(const mlp_settings& settings)
+      : settings_(detail::checked_mlp_settings(settings)) {
+    // One Sequential keeps parameter names flat and predictable ("layers.0.weight"),
+    // which is what per-layer policies and saved states key on.
+    std::int64_t width = settings_.in_features;
+    for (std::int64_t next : settings_.hidden) {
+      layers->push_back(torch::nn::Linear(width, next));
+      layers->push_back(torch::nn::ReLU());
+      if (settings_.dropout > 0.0) layers->push_back(torch::nn::Dropout(settings_.dropout));
+      width = next;
+    }
+    layers->push_back(torch::nn::Linear(width, settings_.classes));
+    register_module("layers", layers);
+  }
+
+  // x: [B, in_features] or any [B, ...] whose trailing dims multiply to in_features.
+  // Returns logits [B, classes].
+  torch::Tensor forward(torch::Tensor x) {
+    if (x.dim() < 1 || x.numel() != x.size(0) * settings_.in_features)
+      throw config_error("mlp: model.in_features is " + std::to_string(settings_.in_features) +
+                         " but the input has shape " + shape_text(x));
+    return layers->forward(x.reshape({x.size(0), settings_.in_features}));
+  }
+
+  const mlp_settings& settings() const { return settings_; }
+
+  torch::nn::Sequential layers;
+
+ private:
+  static std::string shape_text(const torch::Tensor& x) {
+    std::string text = "[";
+    for (std::int64_t i = 0; i < x.dim(); ++i) text += (i ? ", " : "") + std::to_string(x.size(i));
+    return text + "]";
+  }
+
+  mlp_settings settings_;
+};
+
+TORCH_MODULE_IMPL(mlp, mlp_impl);
+
+}  // namespace kiln::models

@@ -1,0 +1,91 @@
+// kiln/policies.hpp: resolves a pack of policies, given in any order, to one policy per axis.
+//
+//   kiln::policy_pack<kiln::optim::adamw, kiln::precision::fp32>::optimizer  == kiln::optim::adamw
+//   kiln::policy_pack<kiln::optim::adamw>::sharding                          == kiln::sharding::single
+//
+// Axes not named take their default. Two policies on one axis, or a type that is not a policy,
+// stop the build with a static_assert sentence naming the axis; the resolved types then fall
+// back to the defaults so that the compiler reports that sentence and not a cascade after it.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+#include "kiln/concepts.hpp"
+#include "kiln/accumulation/steps.hpp"
+#include "kiln/checkpointing/none.hpp"
+#include "kiln/optim/sgd.hpp"
+#include "kiln/precision/fp32.hpp"
+#include "kiln/profiler/none.hpp"
+#include "kiln/sharding/single.hpp"
+
+namespace kiln {
+
+// The default of each axis, used when a pack does not name one.
+namespace defaults {
+using precision = kiln::precision::fp32;
+using accumulation = kiln::accumulation::steps;
+using checkpointing = kiln::checkpointing::none;
+using sharding = kiln::sharding::single;
+using optimizer = kiln::optim::sgd;
+using profiler = kiln::profiler::none;
+}  // namespace defaults
+
+namespace detail {
+
+template <class Axis, class... Ps>
+inline constexpr std::size_t count_on_axis = (std::size_t{0} + ... + (on_axis<Axis, Ps> ? 1 : 0));
+
+template <class Axis, class Default, class... Ps>
+struct select_on_axis {
+  using type = Default;
+};
+template <class Axis, class Default, class P, class... Rest>
+struct select_on_axis<Axis, Default, P, Rest...> {
+  using type = std::conditional_t<on_axis<Axis, P>, P, typename select_on_axis<Axis, Default, Rest...>::type>;
+};
+
+template <class Axis, class Default, class... Ps>
+using select_on_axis_t = typename select_on_axis<Axis, Default, Ps...>::type;
+
+}  // namespace detail
+
+template <class... Ps>
+struct policy_pack {
+ private:
+  static constexpr bool each_is_a_policy = (true && ... && check_policy<Ps>());
+
+  static constexpr bool one_per_axis =
+      detail::count_on_axis<axis::precision, Ps...> <= 1 && detail::count_on_axis<axis::accumulation, Ps...> <= 1 &&
+      detail::count_on_axis<axis::checkpointing, Ps...> <= 1 && detail::count_on_axis<axis::sharding, Ps...> <= 1 &&
+      detail::count_on_axis<axis::optimizer, Ps...> <= 1 && detail::count_on_axis<axis::profiler, Ps...> <= 1;
+
+  static_assert(detail::count_on_axis<axis::precision, Ps...> <= 1,
+                "kiln: two policies on the precision axis: a pack takes at most one policy per axis");
+  static_assert(detail::count_on_axis<axis::accumulation, Ps...> <= 1,
+                "kiln: two policies on the accumulation axis: a pack takes at most one policy per axis");
+  static_assert(detail::count_on_axis<axis::checkpointing, Ps...> <= 1,
+                "kiln: two policies on the checkpointing axis: a pack takes at most one policy per axis");
+  static_assert(detail::count_on_axis<axis::sharding, Ps...> <= 1,
+                "kiln: two policies on the sharding axis: a pack takes at most one policy per axis");
+  static_assert(detail::count_on_axis<axis::optimizer, Ps...> <= 1,
+                "kiln: two policies on the optimizer axis: a pack takes at most one policy per axis");
+  static_assert(detail::count_on_axis<axis::profiler, Ps...> <= 1,
+                "kiln: two policies on the profiler axis: a pack takes at most one policy per axis");
+
+ public:
+  // False when a static_assert above has fired; the types below are then the defaults.
+  static constexpr bool valid = each_is_a_policy && one_per_axis;
+
+  template <class Axis, class Default>
+  using pick = std::conditional_t<valid, detail::select_on_axis_t<Axis, Default, Ps...>, Default>;
+
+  using precision = pick<axis::precision, defaults::precision>;
+  using accumulation = pick<axis::accumulation, defaults::accumulation>;
+  using checkpointing = pick<axis::checkpointing, defaults::checkpointing>;
+  using sharding = pick<axis::sharding, defaults::sharding>;
+  using optimizer = pick<axis::optimizer, defaults::optimizer>;
+  using profiler = pick<axis::profiler, defaults::profiler>;
+};
+
+}  // namespace kiln

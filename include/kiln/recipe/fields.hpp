@@ -1,0 +1,115 @@
+// kiln/recipe/fields.hpp: how a settings struct describes itself.
+//
+// Every settings struct in kiln (a policy's, a model's, the data's) mirrors one TOML table
+// field for field. Instead of writing a parser and a printer for each, a settings struct
+// lists its fields once in a `describe` member template:
+//
+//   struct settings {
+//     double lr = 1e-3;
+//     template <class V> void describe(V& v) {
+//       v.field("lr", lr, "learning rate", kiln::checks::positive);
+//     }
+//   };
+//
+// The recipe reader, `kiln check`'s printer and the resolved-recipe writer are all visitors
+// over that one list, so the TOML schema, the validation and the documentation cannot drift.
+// This header does not depend on LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+// Field types a settings struct may use; a visitor must handle each of them.
+//   bool, std::int64_t, double, std::string,
+//   std::vector<std::int64_t>, std::vector<double>, std::vector<std::string>
+
+// A check takes the value and returns an error text ("expected ...") or nothing.
+namespace checks {
+
+inline constexpr auto any = [](const auto&) -> std::optional<std::string> { return std::nullopt; };
+
+inline constexpr auto positive = [](const auto& value) -> std::optional<std::string> {
+  if (value > 0) return std::nullopt;
+  return std::string("expected a value > 0");
+};
+
+inline constexpr auto non_negative = [](const auto& value) -> std::optional<std::string> {
+  if (value >= 0) return std::nullopt;
+  return std::string("expected a value >= 0");
+};
+
+inline constexpr auto each_positive = [](const auto& values) -> std::optional<std::string> {
+  for (const auto& value : values)
+    if (!(value > 0)) return std::string("expected every element to be > 0");
+  return std::nullopt;
+};
+
+inline constexpr auto not_empty = [](const auto& value) -> std::optional<std::string> {
+  if (!value.empty()) return std::nullopt;
+  return std::string("expected a non-empty value");
+};
+
+// Closed interval [lo, hi].
+inline auto in_range(double lo, double hi) {
+  return [lo, hi](const auto& value) -> std::optional<std::string> {
+    if (value >= lo && value <= hi) return std::nullopt;
+    std::ostringstream out;
+    out << "expected a value in [" << lo << ", " << hi << "]";
+    return out.str();
+  };
+}
+
+// Half-open interval [lo, hi), e.g. probabilities that must stay below 1.
+inline auto in_range_open(double lo, double hi) {
+  return [lo, hi](const auto& value) -> std::optional<std::string> {
+    if (value >= lo && value < hi) return std::nullopt;
+    std::ostringstream out;
+    out << "expected a value in [" << lo << ", " << hi << ")";
+    return out.str();
+  };
+}
+
+inline auto one_of(std::vector<std::string> allowed) {
+  return [allowed = std::move(allowed)](const std::string& value) -> std::optional<std::string> {
+    for (const auto& a : allowed)
+      if (a == value) return std::nullopt;
+    std::string text = "expected one of:";
+    for (const auto& a : allowed) text += " \"" + a + "\"";
+    return text;
+  };
+}
+
+}  // namespace checks
+
+// Calls describe() on a settings struct and runs every check: settings built in C++
+// (without a recipe) are validated the same way as settings read from TOML.
+namespace detail {
+struct check_visitor {
+  std::string table;
+  std::vector<std::string> errors;
+  template <class T, class Check>
+  void field(std::string_view key, T& value, std::string_view /*help*/, Check&& check) {
+    if (auto error = check(value)) errors.push_back(table + "." + std::string(key) + ": " + *error);
+  }
+  template <class T>
+  void field(std::string_view key, T& value, std::string_view help) {
+    field(key, value, help, checks::any);
+  }
+};
+}  // namespace detail
+
+// Returns the list of violated checks, each "table.key: expected ...".
+template <class Settings>
+std::vector<std::string> validate(Settings& settings, std::string table = "settings") {
+  detail::check_visitor visitor{std::move(table), {}};
+  settings.describe(visitor);
+  return visitor.errors;
+}
+
+}  // namespace kiln

@@ -1,0 +1,67 @@
+// kiln/recipe/kinds.hpp: which policy a recipe's `kind = "..."` names on each axis, and the
+// C++ type that implements it.
+//
+// The build reads recipes with this table to decide which policy combinations to compile
+// (tools/kiln/catalog_gen.cpp), and the CLI uses it to name a recipe's combination. It does
+// not depend on LibTorch so that the catalog generator builds in seconds. A new policy is
+// added here once; the generated catalog static_asserts that each type's own `kind` matches.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+inline constexpr std::array<std::string_view, 6> axis_names = {"precision",  "accumulation", "checkpointing",
+                                                               "sharding",   "optimizer",    "profiler"};
+
+struct policy_kind {
+  std::string_view axis;
+  std::string_view kind;
+  std::string_view type;  // fully qualified C++ type
+};
+
+// The first entry of each axis is its default (kiln::defaults in kiln/policies.hpp).
+inline constexpr policy_kind policy_kinds[] = {
+    {"precision", "fp32", "kiln::precision::fp32"},
+    {"accumulation", "steps", "kiln::accumulation::steps"},
+    {"checkpointing", "none", "kiln::checkpointing::none"},
+    {"sharding", "single", "kiln::sharding::single"},
+    {"optimizer", "sgd", "kiln::optim::sgd"},
+    {"optimizer", "adamw", "kiln::optim::adamw"},
+    {"profiler", "none", "kiln::profiler::none"},
+};
+
+inline constexpr std::string_view default_kind(std::string_view axis) {
+  for (const auto& k : policy_kinds)
+    if (k.axis == axis) return k.kind;
+  return {};
+}
+
+inline constexpr const policy_kind* find_policy_kind(std::string_view axis, std::string_view kind) {
+  for (const auto& k : policy_kinds)
+    if (k.axis == axis && k.kind == kind) return &k;
+  return nullptr;
+}
+
+// "fp32", "sgd" ... as `"a" "b"` for error messages.
+inline std::string kinds_on_axis(std::string_view axis) {
+  std::string text;
+  for (const auto& k : policy_kinds)
+    if (k.axis == axis) text += (text.empty() ? "\"" : ", \"") + std::string(k.kind) + "\"";
+  return text;
+}
+
+// A combination is one kind per axis, in axis_names order; its name reads like
+// "precision=fp32 accumulation=steps ... profiler=none".
+using combination_kinds = std::array<std::string, axis_names.size()>;
+
+inline std::string combination_name(const combination_kinds& kinds) {
+  std::string name;
+  for (std::size_t i = 0; i < axis_names.size(); ++i)
+    name += (i ? " " : "") + std::string(axis_names[i]) + "=" + kinds[i];
+  return name;
+}
+
+}  // namespace kiln

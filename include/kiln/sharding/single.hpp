@@ -1,0 +1,48 @@
+// kiln/sharding/single.hpp: one process holds everything, the default of the sharding axis
+// and the template for writing your own.
+//
+// Required members (kiln::sharding_policy in kiln/concepts.hpp):
+//   rank(), world_size()   this process's place in the job;
+//   prepare(model)         place/broadcast/shard parameters (after checkpointing wrapped blocks);
+//   no_sync()              an RAII scope: backward inside it must not synchronise gradients
+//                          (accumulation's non-final micro-steps);
+//   finish_backward()      after backward on a sync micro-step: wait for/launch gradient sync;
+//   all_ranks_true(b)      logical AND over ranks (the precision axis's finite check);
+//   sum_over_ranks(t)      element-wise sum over ranks (evaluation metrics).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include <torch/torch.h>
+
+#include "kiln/concepts.hpp"
+
+namespace kiln::sharding {
+
+struct single {
+  using axis = kiln::axis::sharding;
+  static constexpr std::string_view kind = "single";
+
+  struct settings {
+    template <class V>
+    void describe(V&) {}
+  };
+
+  explicit single(const settings& = {}) {}
+
+  std::int64_t rank() const { return 0; }
+  std::int64_t world_size() const { return 1; }
+
+  void prepare(torch::nn::Module& /*model*/) {}
+
+  struct scope {};
+  scope no_sync() { return {}; }
+
+  void finish_backward() {}
+
+  bool all_ranks_true(bool local) { return local; }
+  torch::Tensor sum_over_ranks(const torch::Tensor& t) { return t; }
+};
+
+}  // namespace kiln::sharding

@@ -1,0 +1,336 @@
+// kiln/trainer.hpp: kiln owns the loop (the shape of the HF Trainer and Lightning).
+//
+//   using trainer_t = kiln::trainer<kiln::optim::adamw>;   // other axes take their defaults
+//   trainer_t trainer({.accelerator = {.optimizer = {.lr = 1e-3}}, .options = {.steps = 1000}});
+//   auto summary = trainer.fit(torch::nn::AnyModule(model), train_loader, &test_data);
+//
+// fit() drives an accelerator of the same policies: micro-steps, optimizer steps, the
+// schedule, evaluation, the progress display, metrics.jsonl, periodic atomic saves and
+// exact resume. Callbacks observe every step and evaluation and may stop the run.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/accelerator.hpp"
+#include "kiln/callbacks.hpp"
+#include "kiln/data/loader.hpp"
+#include "kiln/data/tensor_pair.hpp"
+#include "kiln/errors.hpp"
+#include "kiln/io/state.hpp"
+#include "kiln/progress.hpp"
+
+namespace kiln {
+
+struct trainer_options {
+  std::int64_t steps = 0;          // optimizer steps to train to (required)
+  std::int64_t log_every = 50;     // steps between metric lines
+  std::int64_t eval_every = 0;     // steps between evaluations; 0 = once per epoch
+  std::int64_t eval_batch_size = 1000;
+  std::int64_t save_every = 0;     // steps between saved states; 0 = at the end only
+  std::filesystem::path run_dir;   // empty = write nothing (no metrics, no state)
+  bool resume = true;              // continue an unfinished run found in run_dir
+  bool progress = true;            // show the progress display (rank 0 only)
+  std::string recipe_text;         // written to run_dir/recipe.toml
+  std::string fingerprint;         // what must match for a resume (model, data, policies)
+};
+
+namespace detail {
+
+// A model is a ModuleHolder (model->forward) or a torch::nn::AnyModule (model.forward).
+template <class Model>
+torch::Tensor forward(Model& model, const torch::Tensor& inputs) {
+  if constexpr (requires { model.forward(inputs); }) return model.forward(inputs);
+  else return model->forward(inputs);
+}
+
+inline torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+// Moves an unfinished-or-finished older run out of the way instead of overwriting it.
+inline std::filesystem::path keep_previous_run(const std::filesystem::path& dir) {
+  for (int i = 1;; ++i) {
+    auto kept = dir;
+    kept += "." + std::to_string(i);
+    if (!std::filesystem::exists(kept)) {
+      std::filesystem::rename(dir, kept);
+      return kept;
+    }
+  }
+}
+
+inline std::string read_text(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline void write_text(const std::filesystem::path& file, const std::string& text) {
+  auto tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) throw error("cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, file);
+}
+
+inline std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  while (true) {
+    bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga && !gb) return {};
+    if (!ga || !gb || la != lb) return "saved: \"" + (ga ? la : "") + "\", now: \"" + (gb ? lb : "") + "\"";
+  }
+}
+
+}  // namespace detail
+
+template <class... Ps>
+class trainer {
+ public:
+  using accelerator_t = accelerator<Ps...>;
+
+  struct settings {
+    typename accelerator_t::settings accelerator{};
+    trainer_options options{};
+  };
+
+  explicit trainer(settings s = {}) : options_(std::move(s.options)) {
+    s.accelerator.total_steps = options_.steps;
+    acc_ = std::make_unique<accelerator_t>(std::move(s.accelerator));
+  }
+
+  void add_callback(std::shared_ptr<callback> c) { callbacks_.push_back(std::move(c)); }
+
+  // The accelerator fit() drives; valid from construction, prepared by fit().
+  accelerator_t& accel() { return *acc_; }
+
+  // Trains `model` on batches from `train` until options.steps optimizer steps are done (or a
+  // callback stops it), evaluating on `eval` when given.
+  template <class Model>
+  fit_summary fit(Model& model, data::batch_loader& train, const data::tensor_pair* eval = nullptr) {
+    if (options_.steps <= 0) throw config_error("trainer: options.steps must be > 0 (set [train] steps or epochs)");
+    auto& acc = *acc_;
+    auto& module = *model.ptr();
+    acc.prepare(module);
+    module.train();
+
+    const bool main = acc.is_main();
+    const auto& dir = options_.run_dir;
+    std::int64_t step = 0;
+    if (!dir.empty() && main) step = open_run_dir(module, train);
+    else if (!dir.empty()) step = resume_if_saved(module, train);
+    metrics_log metrics = (!dir.empty() && main) ? metrics_log(dir / "metrics.jsonl") : metrics_log();
+
+    progress_display progress(options_.progress && main);
+    progress.begin(step, options_.steps);
+    for (auto& c : callbacks_) c->on_fit_begin(step, options_.steps);
+
+    const auto micro_steps = acc.accumulation().micro_steps();
+    const auto steps_per_epoch = std::max<std::int64_t>(1, train.batches_per_epoch() / micro_steps);
+    const auto eval_every = options_.eval_every > 0 ? options_.eval_every : steps_per_epoch;
+    const auto started = std::chrono::steady_clock::now();
+    auto& profiler = acc.profiler();
+    using profiler_t = typename accelerator_t::profiler_t;
+
+    fit_summary summary;
+    torch::Tensor loss_sum;
+    double loss_window = 0.0;  // sum of step losses since the last log line
+    std::int64_t steps_in_window = 0;
+    bool stop = false;
+    while (step < options_.steps && !stop) {
+      loss_sum = torch::zeros({}, torch::kFloat64);
+      for (std::int64_t micro = 0; micro < micro_steps; ++micro) {
+        if constexpr (profiler_t::enabled) profiler.begin(phase::data);
+        auto batch = train.next();
+        if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
+        torch::Tensor loss;
+        {
+          auto cast = acc.autocast();
+          loss = detail::classification_loss(detail::forward(model, batch.inputs), batch.targets);
+        }
+        if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
+        acc.backward(loss);
+        if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
+        loss_sum += loss.detach();
+        acc.step();
+        if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
+      }
+      const auto& result = acc.last_step();
+      step = acc.optimizer_steps();
+      if constexpr (profiler_t::enabled) profiler.on_step_end(step);
+
+      step_info info;
+      info.step = step;
+      info.total_steps = options_.steps;
+      info.epoch = train.epoch();
+      info.loss = loss_sum.item<double>() / static_cast<double>(micro_steps);
+      info.lr = result.lr;
+      info.grad_norm = result.grad_norm;
+      info.skipped = result.skipped;
+      info.steps_per_second = progress.steps_per_second(step);
+      loss_window += info.loss;
+      ++steps_in_window;
+      summary.final_train_loss = info.loss;
+
+      const bool log_step = step % options_.log_every == 0 || step == options_.steps;
+      progress.update(step, info.loss, info.lr, log_step);
+      if (log_step) {
+        json_line line;
+        line.add("step", step).add("epoch", info.epoch).add("loss", loss_window / steps_in_window).add("lr", info.lr);
+        if (info.grad_norm >= 0) line.add("grad_norm", info.grad_norm);
+        line.add("steps_per_s", info.steps_per_second);
+        metrics.write(line);
+        loss_window = 0.0;
+        steps_in_window = 0;
+      }
+      for (auto& c : callbacks_) stop = (c->on_step_end(info) == control::stop) || stop;
+
+      if (eval && (step % eval_every == 0 || step == options_.steps || stop)) {
+        summary.final_eval = evaluate(model, *eval);
+        summary.final_eval.step = step;
+        summary.evaluated = true;
+        progress.print(eval_line(summary.final_eval));
+        metrics.write(json_line()
+                          .add("step", step)
+                          .add("eval_loss", summary.final_eval.loss)
+                          .add("eval_accuracy", summary.final_eval.accuracy));
+        for (auto& c : callbacks_) stop = (c->on_eval(summary.final_eval) == control::stop) || stop;
+      }
+      if (!dir.empty() && main && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
+        save(module, train);
+    }
+    progress.end();
+    summary.steps = step;
+    summary.stopped_early = step < options_.steps;
+    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!dir.empty() && main) {
+      save(module, train);
+      if (!summary.stopped_early) write_summary(summary);
+    }
+    for (auto& c : callbacks_) c->on_fit_end(summary);
+    return summary;
+  }
+
+  // Mean loss and accuracy over `data`, without gradients, in eval mode; summed over ranks.
+  template <class Model>
+  eval_info evaluate(Model& model, const data::tensor_pair& data) {
+    auto& module = *model.ptr();
+    const bool was_training = module.is_training();
+    module.eval();
+    torch::NoGradGuard no_grad;
+    auto totals = torch::zeros({3}, torch::kFloat64);  // loss sum, correct, count
+    const auto n = data.inputs.size(0);
+    for (std::int64_t begin = 0; begin < n; begin += options_.eval_batch_size) {
+      const auto end = std::min(begin + options_.eval_batch_size, n);
+      auto inputs = data.inputs.slice(0, begin, end);
+      auto targets = data.targets.slice(0, begin, end).reshape({-1});
+      torch::Tensor logits;
+      {
+        auto cast = acc_->autocast();
+        logits = detail::forward(model, inputs);
+      }
+      logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
+      totals[0] += torch::nn::functional::cross_entropy(
+                       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                       .to(torch::kFloat64);
+      totals[1] += logits.argmax(-1).eq(targets).sum().to(torch::kFloat64);
+      totals[2] += static_cast<double>(targets.numel());
+    }
+    totals = acc_->sum_over_ranks(totals);
+    if (was_training) module.train();
+    eval_info info;
+    info.samples = static_cast<std::int64_t>(totals[2].item<double>());
+    info.loss = totals[0].item<double>() / std::max<double>(1.0, totals[2].item<double>());
+    info.accuracy = totals[1].item<double>() / std::max<double>(1.0, totals[2].item<double>());
+    return info;
+  }
+
+ private:
+  static std::string eval_line(const eval_info& e) {
+    char text[160];
+    std::snprintf(text, sizeof text, "eval @ step %lld: loss %.4f, accuracy %.2f%% (%lld samples)", (long long)e.step,
+                  e.loss, 100.0 * e.accuracy, (long long)e.samples);
+    return text;
+  }
+
+  // Prepares the run directory; returns the step to start from (> 0 when resuming).
+  std::int64_t open_run_dir(torch::nn::Module& module, data::batch_loader& train) {
+    namespace fs = std::filesystem;
+    const auto& dir = options_.run_dir;
+    if (fs::exists(dir)) {
+      const bool finished = fs::exists(dir / "summary.json");
+      const bool has_state = fs::exists(dir / "state.pt");
+      if (options_.resume && has_state && !finished) {
+        const auto saved = fs::exists(dir / "fingerprint.txt") ? detail::read_text(dir / "fingerprint.txt") : "";
+        if (saved != options_.fingerprint)
+          throw config_error("cannot resume " + dir.string() + ": it holds a run of a different recipe (" +
+                             detail::first_difference(saved, options_.fingerprint) +
+                             "); set [run] resume = \"never\" to start afresh (the old run is kept) or choose "
+                             "another [run] dir");
+        return resume_if_saved(module, train);
+      }
+      if (!fs::is_empty(dir)) {
+        auto kept = detail::keep_previous_run(dir);
+        std::fprintf(stderr, "kiln: the previous run in %s was moved to %s\n", dir.c_str(), kept.c_str());
+      }
+    }
+    fs::create_directories(dir);
+    detail::write_text(dir / "recipe.toml", options_.recipe_text);
+    detail::write_text(dir / "fingerprint.txt", options_.fingerprint);
+    return 0;
+  }
+
+  std::int64_t resume_if_saved(torch::nn::Module& module, data::batch_loader& train) {
+    const auto file = options_.run_dir / "state.pt";
+    if (!std::filesystem::exists(file)) return 0;
+    auto state = load_state_file(file);
+    load_module(module, state, "model/");
+    acc_->load_state(state);
+    train.load_state(state, "data/");
+    auto rng = require(state, "rng/cpu");
+    at::Generator cpu_generator = at::globalContext().defaultGenerator(torch::kCPU);
+    cpu_generator.set_state(rng);
+    const auto step = acc_->optimizer_steps();
+    metrics_log::truncate_after_step(options_.run_dir / "metrics.jsonl", step);
+    std::fprintf(stderr, "kiln: resuming %s at step %lld\n", options_.run_dir.c_str(), (long long)step);
+    return step;
+  }
+
+  void save(const torch::nn::Module& module, const data::batch_loader& train) {
+    state_dict state;
+    save_module(module, state, "model/");
+    acc_->save_state(state);
+    train.save_state(state, "data/");
+    state["rng/cpu"] = at::globalContext().defaultGenerator(torch::kCPU).get_state();
+    save_state_file(options_.run_dir / "state.pt", state);
+  }
+
+  void write_summary(const fit_summary& s) {
+    json_line line;
+    line.add("steps", s.steps).add("seconds", s.seconds).add("final_train_loss", s.final_train_loss);
+    if (s.evaluated) line.add("eval_loss", s.final_eval.loss).add("eval_accuracy", s.final_eval.accuracy);
+    detail::write_text(options_.run_dir / "summary.json", line.str() + "\n");
+  }
+
+  trainer_options options_;
+  std::unique_ptr<accelerator_t> acc_;
+  std::vector<std::shared_ptr<callback>> callbacks_;
+};
+
+}  // namespace kiln
