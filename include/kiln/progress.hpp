@@ -105,10 +105,12 @@ class metrics_log {
   std::ofstream out_;
 };
 
-// The progress display. `interactive` is decided once: is stderr a terminal?
+// The progress display. `live` shows step lines (redrawn on a terminal: is stderr a tty?);
+// `results` shows lines that must stay, such as evaluations (off on ranks other than 0).
 class progress_display {
  public:
-  explicit progress_display(bool enabled = true) : enabled_(enabled), interactive_(::isatty(2) == 1) {}
+  explicit progress_display(bool live = true, bool results = true)
+      : enabled_(live), results_(results), interactive_(::isatty(2) == 1) {}
 
   bool interactive() const { return interactive_; }
 
@@ -140,7 +142,7 @@ class progress_display {
 
   // A line that must stay (evaluation results, warnings): clears the live line first.
   void print(const std::string& text) {
-    if (!enabled_) return;
+    if (!results_) return;
     if (interactive_ && drawn_) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "%s\n", text.c_str());
     std::fflush(stderr);
@@ -169,6 +171,7 @@ class progress_display {
   }
 
   bool enabled_;
+  bool results_;
   bool interactive_;
   bool drawn_ = false;
   std::int64_t start_step_ = 0;

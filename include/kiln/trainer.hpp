@@ -137,7 +137,7 @@ class trainer {
     else if (!dir.empty()) step = resume_if_saved(module, train);
     metrics_log metrics = (!dir.empty() && main) ? metrics_log(dir / "metrics.jsonl") : metrics_log();
 
-    progress_display progress(options_.progress && main);
+    progress_display progress(options_.progress && main, main);
     progress.begin(step, options_.steps);
     for (auto& c : callbacks_) c->on_fit_begin(step, options_.steps);
 
@@ -201,7 +201,7 @@ class trainer {
       }
       for (auto& c : callbacks_) stop = (c->on_step_end(info) == control::stop) || stop;
 
-      if (eval && (step % eval_every == 0 || step == options_.steps || stop)) {
+      if (eval && (step % eval_every == 0 || step == options_.steps)) {
         summary.final_eval = evaluate(model, *eval);
         summary.final_eval.step = step;
         summary.evaluated = true;

@@ -1,0 +1,104 @@
+// The accelerator against independent references: accumulation against one big batch,
+// clipping against LibTorch's clip_grad_norm_, the schedule against hand-computed lrs.
+// kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
+#include <kiln/kiln.hpp>
+
+#include <doctest/doctest.h>
+
+namespace {
+
+kiln::models::mlp small_mlp(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return kiln::models::mlp(kiln::models::mlp_settings{.in_features = 12, .hidden = {32, 16}, .classes = 5});
+}
+
+double max_abs_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  double diff = 0;
+  auto pa = a.parameters(), pb = b.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) diff = std::max(diff, (pa[i] - pb[i]).abs().max().item<double>());
+  return diff;
+}
+
+torch::Tensor loss_of(kiln::models::mlp& model, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::nn::functional::cross_entropy(model->forward(x), y);
+}
+
+}  // namespace
+
+TEST_SUITE("accelerator") {
+  TEST_CASE("accumulation 4 x 16 gives the update of 1 x 64") {
+    auto data = kiln::data::make_classification(64, 12, 5, 1);
+    auto one = small_mlp(3), four = small_mlp(3);
+    using acc_t = kiln::accelerator<kiln::optim::sgd>;
+    // SGD without momentum and lr = 1: the update is exactly the accumulated gradient.
+    acc_t big({.optimizer = {.lr = 1.0, .momentum = 0.0}});
+    acc_t accumulated({.accumulation = {.steps = 4}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
+    big.prepare(one);
+    accumulated.prepare(four);
+
+    big.backward(loss_of(one, data.inputs, data.targets));
+    CHECK(big.step().stepped);
+
+    for (int micro = 0; micro < 4; ++micro) {
+      CHECK(accumulated.is_sync_step() == (micro == 3));
+      auto x = data.inputs.slice(0, micro * 16, (micro + 1) * 16), y = data.targets.slice(0, micro * 16, (micro + 1) * 16);
+      accumulated.backward(loss_of(four, x, y));
+      auto r = accumulated.step();
+      CHECK(r.stepped == (micro == 3));
+    }
+    CHECK(accumulated.optimizer_steps() == 1);
+    CHECK(max_abs_diff(*one, *four) <= 1e-6);
+  }
+
+  TEST_CASE("accumulate() scopes step the optimizer at the end of each window") {
+    auto data = kiln::data::make_classification(64, 12, 5, 2);
+    auto model = small_mlp(4);
+    kiln::accelerator<kiln::optim::sgd> acc({.accumulation = {.steps = 2}, .optimizer = {.lr = 0.1}});
+    acc.prepare(model);
+    for (int i = 0; i < 6; ++i) {
+      auto micro = acc.accumulate();
+      CHECK(micro.sync() == (i % 2 == 1));
+      acc.backward(loss_of(model, data.inputs.slice(0, i * 8, i * 8 + 8), data.targets.slice(0, i * 8, i * 8 + 8)));
+    }
+    CHECK(acc.optimizer_steps() == 3);
+  }
+
+  TEST_CASE("clipping by global norm matches torch::nn::utils::clip_grad_norm_") {
+    auto data = kiln::data::make_classification(32, 12, 5, 5);
+    auto a = small_mlp(6), b = small_mlp(6);
+    kiln::accelerator<kiln::optim::sgd> acc({.optimizer = {.lr = 0.5, .momentum = 0.0}, .clip_grad_norm = 0.05});
+    acc.prepare(a);
+    acc.backward(loss_of(a, data.inputs, data.targets));
+    auto result = acc.step();
+
+    // reference: plain LibTorch
+    loss_of(b, data.inputs, data.targets).backward();
+    double norm = 0;
+    for (auto& p : b->parameters()) norm += p.grad().pow(2).sum().item<double>();
+    norm = std::sqrt(norm);
+    CHECK(result.grad_norm == doctest::Approx(norm).epsilon(1e-5));
+    REQUIRE(norm > 0.05);  // the test must actually clip
+    torch::nn::utils::clip_grad_norm_(b->parameters(), 0.05);
+    torch::optim::SGD sgd(b->parameters(), torch::optim::SGDOptions(0.5));
+    sgd.step();
+    CHECK(max_abs_diff(*a, *b) <= 1e-7);
+  }
+
+  TEST_CASE("the schedule sets the lr of every optimizer step") {
+    auto data = kiln::data::make_classification(32, 12, 5, 7);
+    auto model = small_mlp(8);
+    kiln::accelerator<kiln::optim::adamw> acc(
+        {.optimizer = {.lr = 1e-2}, .scheduler = {.kind = "linear", .warmup_steps = 2}, .total_steps = 10});
+    acc.prepare(model);
+    std::vector<double> lrs;
+    for (int i = 0; i < 10; ++i) {
+      acc.backward(loss_of(model, data.inputs, data.targets));
+      lrs.push_back(acc.step().lr);
+    }
+    CHECK(lrs[0] == doctest::Approx(1e-2 / 3));
+    CHECK(lrs[1] == doctest::Approx(2e-2 / 3));
+    CHECK(lrs[2] == doctest::Approx(1e-2));
+    CHECK(lrs[6] == doctest::Approx(1e-2 * 0.5));
+    CHECK(lrs[9] == doctest::Approx(1e-2 * 1.0 / 8));
+  }
+}

@@ -1,0 +1,240 @@
+// The trainer: exact resume (in process and after kill -9), callbacks that stop, metrics,
+// evaluation against a hand computation, and saves that survive a failed write.
+// kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
+#include <kiln/kiln.hpp>
+
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <fstream>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using trainer_t = kiln::trainer<kiln::optim::adamw>;
+
+fs::path fresh_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("kiln-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+struct setup {
+  kiln::models::mlp model;
+  kiln::data::batch_loader loader;
+  kiln::data::tensor_pair eval;
+  explicit setup(std::uint64_t init_seed)
+      : model((torch::manual_seed(init_seed),
+               kiln::models::mlp_settings{.in_features = 16, .hidden = {64, 32}, .classes = 4, .dropout = 0.2})),
+        loader(kiln::data::make_classification(640, 16, 4, 9), {.batch_size = 32, .seed = 5}),
+        eval(kiln::data::make_classification(200, 16, 4, 10)) {}
+};
+
+trainer_t::settings settings_for(const fs::path& dir, std::int64_t steps) {
+  trainer_t::settings s;
+  s.accelerator.optimizer.lr = 3e-3;
+  s.accelerator.scheduler = {.kind = "cosine", .warmup_steps = 5};
+  s.accelerator.clip_grad_norm = 1.0;
+  s.options.steps = steps;
+  s.options.log_every = 5;
+  s.options.eval_every = 25;
+  s.options.run_dir = dir;
+  s.options.progress = false;
+  s.options.fingerprint = "test";
+  return s;
+}
+
+std::vector<std::string> loss_lines(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    // drop the timing field, which differs between runs
+    auto at = line.find(", \"steps_per_s\"");
+    out.push_back(at == std::string::npos ? line : line.substr(0, at));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("trainer") {
+  TEST_CASE("2N steps straight equal N steps, stop, resume, N steps") {
+    const std::int64_t n = 30;
+    std::map<std::int64_t, double> straight, resumed;
+
+    auto dir_a = fresh_dir("straight");
+    {
+      setup s(1);
+      trainer_t t(settings_for(dir_a, 2 * n));
+      t.add_callback(kiln::on_step_end([&](const kiln::step_info& i) {
+        straight[i.step] = i.loss;
+        return kiln::control::proceed;
+      }));
+      auto summary = t.fit(s.model, s.loader, &s.eval);
+      CHECK(summary.steps == 2 * n);
+      CHECK_FALSE(summary.stopped_early);
+    }
+    auto dir_b = fresh_dir("resumed");
+    {
+      setup s(1);
+      trainer_t t(settings_for(dir_b, 2 * n));
+      t.add_callback(kiln::on_step_end([&](const kiln::step_info& i) {
+        resumed[i.step] = i.loss;
+        return i.step == n ? kiln::control::stop : kiln::control::proceed;
+      }));
+      auto summary = t.fit(s.model, s.loader, &s.eval);
+      CHECK(summary.steps == n);
+      CHECK(summary.stopped_early);
+      CHECK_FALSE(fs::exists(dir_b / "summary.json"));
+    }
+    {
+      setup s(999);  // different initial weights: everything must come from the saved state
+      trainer_t t(settings_for(dir_b, 2 * n));
+      t.add_callback(kiln::on_step_end([&](const kiln::step_info& i) {
+        CHECK(i.step > n);
+        resumed[i.step] = i.loss;
+        return kiln::control::proceed;
+      }));
+      auto summary = t.fit(s.model, s.loader, &s.eval);
+      CHECK(summary.steps == 2 * n);
+    }
+    REQUIRE(resumed.size() == straight.size());
+    for (auto [step, loss] : straight) CHECK(resumed[step] == doctest::Approx(loss).epsilon(1e-6));
+    CHECK(loss_lines(dir_a / "metrics.jsonl") == loss_lines(dir_b / "metrics.jsonl"));
+    fs::remove_all(dir_a);
+    fs::remove_all(dir_b);
+  }
+
+  TEST_CASE("a resume into a run of a different recipe is refused") {
+    auto dir = fresh_dir("other");
+    {
+      setup s(1);
+      trainer_t t(settings_for(dir, 20));
+      t.add_callback(kiln::on_step_end([](const kiln::step_info& i) {
+        return i.step == 5 ? kiln::control::stop : kiln::control::proceed;
+      }));
+      t.fit(s.model, s.loader);
+    }
+    setup s(1);
+    auto settings = settings_for(dir, 20);
+    settings.options.fingerprint = "another";
+    trainer_t t(settings);
+    CHECK_THROWS_WITH_AS(t.fit(s.model, s.loader), doctest::Contains("holds a run of a different recipe"),
+                         kiln::config_error);
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("metrics.jsonl has a line per log interval and per evaluation") {
+    auto dir = fresh_dir("metrics");
+    setup s(2);
+    trainer_t t(settings_for(dir, 50));
+    auto summary = t.fit(s.model, s.loader, &s.eval);
+    auto lines = loss_lines(dir / "metrics.jsonl");
+    int train_lines = 0, eval_lines = 0;
+    for (const auto& l : lines) (l.find("eval_accuracy") != std::string::npos ? eval_lines : train_lines)++;
+    CHECK(train_lines == 10);
+    CHECK(eval_lines == 2);
+    CHECK(lines.front().rfind("{\"step\": 5, \"epoch\": 0, \"loss\": ", 0) == 0);
+    CHECK(fs::exists(dir / "summary.json"));
+    CHECK(fs::exists(dir / "recipe.toml"));
+    CHECK(summary.evaluated);
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("evaluate() equals a hand computation of loss and accuracy") {
+    setup s(3);
+    trainer_t t(settings_for({}, 1));
+    auto info = t.evaluate(s.model, s.eval);
+    s.model->eval();
+    torch::NoGradGuard no_grad;
+    auto logits = s.model->forward(s.eval.inputs);
+    CHECK(info.loss == doctest::Approx(torch::nn::functional::cross_entropy(logits, s.eval.targets).item<double>()));
+    CHECK(info.accuracy == doctest::Approx(logits.argmax(1).eq(s.eval.targets).to(torch::kFloat64).mean().item<double>()));
+    CHECK(info.samples == 200);
+  }
+
+  TEST_CASE("a failed write leaves the previous state file intact") {
+    auto dir = fresh_dir("atomic");
+    fs::create_directories(dir);
+    const auto file = dir / "state.pt";
+    kiln::state_dict good{{"w", torch::arange(10, torch::kFloat32)}};
+    kiln::save_state_file(file, good);
+
+    pid_t child = ::fork();
+    if (child == 0) {
+      // A file-size limit makes the write fail part-way, as a full disk would.
+      std::signal(SIGXFSZ, SIG_IGN);
+      rlimit limit{4096, 4096};
+      ::setrlimit(RLIMIT_FSIZE, &limit);
+      kiln::state_dict big{{"w", torch::randn({100000})}};
+      try {
+        kiln::save_state_file(file, big);
+      } catch (const kiln::state_error&) {
+        ::_exit(0);
+      }
+      ::_exit(1);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    auto loaded = kiln::load_state_file(file);
+    CHECK(torch::equal(loaded.at("w"), good.at("w")));
+    CHECK_FALSE(fs::exists(dir / "state.pt.tmp"));
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("a run killed with SIGKILL resumes to the same metrics as an uninterrupted one") {
+    auto root = fresh_dir("kill");
+    fs::create_directories(root);
+    const auto recipe = root / "kill.toml";
+    std::ofstream(recipe) << "[recipe]\nname = \"kill\"\n"
+                             "[model]\nkind = \"mlp\"\nin_features = 32\nhidden = [256, 256]\nclasses = 4\ndropout = 0.1\n"
+                             "[data]\nkind = \"synthetic-classification\"\nfeatures = 32\nclasses = 4\nbatch_size = 64\n"
+                             "[train]\nsteps = 1200\nlog_every = 10\nthreads = 1\n"
+                             "[optimizer]\nkind = \"adamw\"\n[scheduler]\nkind = \"cosine\"\n"
+                             "[run]\nsave_every = 40\n";
+    auto run = [&](const fs::path& dir) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        const std::string set_dir = "run.dir=" + dir.string();
+        ::execl(KILN_CLI, KILN_CLI, "run", recipe.c_str(), "--set", set_dir.c_str(), "--no-progress", (char*)nullptr);
+        ::_exit(127);
+      }
+      return pid;
+    };
+    auto wait_ok = [](pid_t pid) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    };
+
+    REQUIRE(wait_ok(run(root / "straight")));
+
+    const auto dir = root / "killed";
+    pid_t victim = run(dir);
+    // Kill it once it has saved at least twice and is somewhere between two saves.
+    bool killed = false;
+    for (int i = 0; i < 4000 && !killed; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (fs::exists(dir / "metrics.jsonl") && loss_lines(dir / "metrics.jsonl").size() >= 10) {
+        ::kill(victim, SIGKILL);
+        killed = true;
+      }
+    }
+    int status = 0;
+    ::waitpid(victim, &status, 0);
+    REQUIRE(killed);
+    REQUIRE(WIFSIGNALED(status));
+    CHECK_FALSE(fs::exists(dir / "summary.json"));
+    REQUIRE(wait_ok(run(dir)));  // resume = "auto" by default
+    CHECK(loss_lines(root / "straight" / "metrics.jsonl") == loss_lines(dir / "metrics.jsonl"));
+    fs::remove_all(root);
+  }
+}

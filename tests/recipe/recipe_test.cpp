@@ -1,0 +1,469 @@
+// Tests for kiln/recipe: strict reading of TOML recipes (unknown tables and keys, wrong types,
+// values out of range, bad policy kinds, broken TOML, --set overrides), the defaults, the shipped
+// recipes, and the resolved-recipe writer (its output must read back to the same text).
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <kiln/kiln.hpp>
+
+// doctest comes after the LibTorch headers: Debian's LibTorch is built with glog, whose
+// CHECK macros would otherwise replace doctest's CHECK without a word.
+#include <doctest/doctest.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test case, removed at the end of it.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name) {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("kiln_recipe_test_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  // Writes `text` to <dir>/<name> and returns the path.
+  fs::path write(const std::string& name, const std::string& text) const {
+    auto file = path / name;
+    std::ofstream(file) << text;
+    return file;
+  }
+};
+
+// The message of the config_error that `f` throws ("" when it throws nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const kiln::config_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// A minimal valid recipe head; tests append their own tables. 2 lines.
+const std::string head = "[recipe]\nname = \"t\"\n";
+
+using adamw_trainer = kiln::trainer<kiln::optim::adamw>;
+using sgd_trainer = kiln::trainer<kiln::optim::sgd>;
+
+// The resolved text, through the trainer of the recipe's optimizer (the other axes take defaults).
+std::string resolved_text(const kiln::recipe& r) {
+  return r.kinds[4] == "sgd" ? kiln::resolve_recipe<sgd_trainer>(r).first : kiln::resolve_recipe<adamw_trainer>(r).first;
+}
+
+// The resolved text without its first line ("# resolved from <file>"), which names the file.
+std::string resolved_body(const kiln::recipe& r) {
+  std::string text = resolved_text(r);
+  REQUIRE(text.rfind("# resolved from ", 0) == 0);
+  return text.substr(text.find('\n') + 1);
+}
+
+}  // namespace
+
+TEST_SUITE("recipe") {
+
+TEST_CASE("an unknown key in an axis table names file:line, the key and the closest known key") {
+  temp_dir dir("unknown_key");
+  // line 1-2: head, 3: blank, 4: [optimizer], 5: kind, 6: lrr
+  auto file = dir.write("file.toml", head + "\n[optimizer]\nkind = \"adamw\"\nlrr = 3e-4\n");
+  // Axis tables are checked for `kind` only when the recipe is loaded ...
+  kiln::recipe r;
+  REQUIRE_NOTHROW(r = kiln::load_recipe(file));
+  CHECK(r.kinds[4] == "adamw");
+  // ... and strictly by the policy that the kind selects.
+  kiln::optim::adamw::settings s;
+  CHECK_THROWS_WITH_AS(r.read_axis("optimizer", s), doctest::Contains("file.toml:6"), kiln::config_error);
+  const auto message = error_of([&] { r.read_axis("optimizer", s); });
+  CHECK(message.find("unknown key optimizer.lrr") != std::string::npos);
+  CHECK(message.find("did you mean \"lr\"") != std::string::npos);
+  CHECK(message.find("[optimizer] accepts: lr, beta1, beta2, eps, weight_decay, amsgrad") != std::string::npos);
+  // The same recipe through the whole resolution path.
+  CHECK_THROWS_WITH_AS(kiln::resolve_recipe<adamw_trainer>(r), doctest::Contains("unknown key optimizer.lrr"),
+                       kiln::config_error);
+}
+
+TEST_CASE("an unknown key in a fixed table is rejected when loading") {
+  temp_dir dir("unknown_fixed_key");
+  auto file = dir.write("file.toml", head + "[train]\nsteps = 3\nstepz = 4\n");
+  const auto message = error_of([&] { kiln::load_recipe(file); });
+  CHECK(message.find("file.toml:5") != std::string::npos);
+  CHECK(message.find("unknown key train.stepz") != std::string::npos);
+  CHECK(message.find("did you mean \"steps\"") != std::string::npos);
+}
+
+TEST_CASE("an axis table with no keys but kind says so") {
+  temp_dir dir("no_keys");
+  auto file = dir.write("file.toml", head + "[precision]\nkind = \"fp32\"\nloss_scale = 2\n");
+  auto r = kiln::load_recipe(file);
+  CHECK_THROWS_WITH_AS(kiln::resolve_recipe<adamw_trainer>(r),
+                       doctest::Contains("file.toml:5: unknown key precision.loss_scale; [precision] accepts: "),
+                       kiln::config_error);
+  // toml_reader::reject_unknown_keys has a message for a table without settings of its own,
+  // "no keys besides kind"; read_axis passes `kind` as also-known, so the list is never empty
+  // and the message reads "[precision] accepts: kind".
+  const auto message = error_of([&] { kiln::resolve_recipe<adamw_trainer>(r); });
+  CAPTURE(message);
+  CHECK(message.find("[precision] accepts: no keys besides kind") != std::string::npos);
+}
+
+TEST_CASE("an unknown table names its line and the closest known table") {
+  temp_dir dir("unknown_table");
+  auto file = dir.write("file.toml", head + "\n\n[trian]\nsteps = 3\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:5"), kiln::config_error);
+  const auto message = error_of([&] { kiln::load_recipe(file); });
+  CHECK(message.find("unknown table [trian]") != std::string::npos);
+  CHECK(message.find("did you mean \"train\"") != std::string::npos);
+}
+
+TEST_CASE("a far-off unknown table gets no suggestion") {
+  temp_dir dir("far_table");
+  auto file = dir.write("file.toml", head + "[xyzzyplugh]\na = 1\n");
+  const auto message = error_of([&] { kiln::load_recipe(file); });
+  CHECK(message.find("unknown table [xyzzyplugh]") != std::string::npos);
+  CHECK(message.find("did you mean") == std::string::npos);
+}
+
+TEST_CASE("a top-level value where a table belongs is rejected") {
+  temp_dir dir("not_a_table");
+  auto file = dir.write("file.toml", "model = 3\n" + head);
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:1: model must be a table"),
+                       kiln::config_error);
+}
+
+TEST_CASE("a value of the wrong type names the key, the expected and the given type") {
+  temp_dir dir("wrong_type");
+  auto file = dir.write("file.toml", head + "[data]\nbatch_size = \"big\"\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file),
+                       doctest::Contains("file.toml:4: data.batch_size: expected an integer, got a string"),
+                       kiln::config_error);
+
+  SUBCASE("a float is no integer") {
+    auto f = dir.write("f.toml", head + "[train]\nsteps = 2.5\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("train.steps: expected an integer, got a float"),
+                         kiln::config_error);
+  }
+  SUBCASE("an integer is a number") {
+    auto f = dir.write("f.toml", head + "[optimizer]\nkind = \"adamw\"\nlr = 1\n");
+    auto r = kiln::load_recipe(f);
+    kiln::optim::adamw::settings s;
+    r.read_axis("optimizer", s);
+    CHECK(s.lr == 1.0);
+  }
+  SUBCASE("arrays are checked element by element") {
+    auto f = dir.write("f.toml", head + "[model]\nhidden = [16, \"x\"]\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f),
+                         doctest::Contains("model.hidden: expected an array of integers, got an array"),
+                         kiln::config_error);
+  }
+  SUBCASE("a boolean is no string") {
+    auto f = dir.write("f.toml", head + "[data]\nshuffle = \"yes\"\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("data.shuffle: expected a boolean"),
+                         kiln::config_error);
+  }
+  SUBCASE("a kind that is no string") {
+    auto f = dir.write("f.toml", head + "[optimizer]\nkind = 3\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("f.toml:4: optimizer.kind: expected a string, got an integer"),
+                         kiln::config_error);
+  }
+}
+
+TEST_CASE("a value out of range names the value and the range") {
+  temp_dir dir("range");
+  SUBCASE("dropout") {
+    auto f = dir.write("f.toml", head + "[model]\ndropout = 1.5\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("f.toml:4: model.dropout = 1.5: expected a value"),
+                         kiln::config_error);
+    CHECK(error_of([&] { kiln::load_recipe(f); }).find("[0, 1)") != std::string::npos);
+  }
+  SUBCASE("batch_size") {
+    auto f = dir.write("f.toml", head + "[data]\nbatch_size = 0\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("data.batch_size = 0: expected a value > 0"),
+                         kiln::config_error);
+  }
+  SUBCASE("a policy setting") {
+    auto f = dir.write("f.toml", head + "[optimizer]\nkind = \"sgd\"\nmomentum = 1.0\n");
+    auto r = kiln::load_recipe(f);
+    kiln::optim::sgd::settings s;
+    CHECK_THROWS_WITH_AS(r.read_axis("optimizer", s),
+                         doctest::Contains("f.toml:5: optimizer.momentum = 1.0: expected a value in [0, 1)"),
+                         kiln::config_error);
+  }
+  SUBCASE("a string that is not one of the choices") {
+    auto f = dir.write("f.toml", head + "[model]\nkind = \"resnet\"\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("expected one of: \"mlp\" \"cnn\" \"gpt\""),
+                         kiln::config_error);
+  }
+  SUBCASE("an empty recipe name") {
+    auto f = dir.write("f.toml", "[recipe]\ndescription = \"no name\"\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("recipe.name: expected a non-empty value"),
+                         kiln::config_error);
+  }
+}
+
+TEST_CASE("a policy kind that does not exist lists the kinds of its axis") {
+  temp_dir dir("bad_kind");
+  auto file = dir.write("file.toml", head + "[optimizer]\nkind = \"adam\"\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:4: optimizer.kind = \"adam\""),
+                       kiln::config_error);
+  const auto message = error_of([&] { kiln::load_recipe(file); });
+  CHECK(message.find("\"sgd\"") != std::string::npos);
+  CHECK(message.find("\"adamw\"") != std::string::npos);
+}
+
+TEST_CASE("invalid TOML names the file and the line") {
+  temp_dir dir("syntax");
+  auto file = dir.write("file.toml", head + "[train]\nsteps = \n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:4: invalid TOML"), kiln::config_error);
+}
+
+TEST_CASE("a missing file says so") {
+  temp_dir dir("missing");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(dir.path / "nope.toml"), doctest::Contains("nope.toml: no such recipe file"),
+                       kiln::config_error);
+}
+
+TEST_CASE("a recipe without a [recipe] table is rejected") {
+  temp_dir dir("no_recipe_table");
+  auto file = dir.write("file.toml", "[train]\nsteps = 3\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("missing [recipe] table"), kiln::config_error);
+}
+
+TEST_CASE("--set overrides") {
+  temp_dir dir("overrides");
+  auto file = dir.write("recipe.toml", head + "[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[data]\nbatch_size = 32\n");
+
+  SUBCASE("values are TOML") {
+    auto r = kiln::load_recipe(file, {"optimizer.lr=3e-4", "data.batch_size=16", "data.shuffle=false",
+                                      "model.hidden=[8, 4]"});
+    kiln::optim::adamw::settings s;
+    r.read_axis("optimizer", s);
+    CHECK(s.lr == 3e-4);
+    CHECK(r.data.batch_size == 16);
+    CHECK(r.data.shuffle == false);
+    CHECK(r.model.mlp.hidden == std::vector<std::int64_t>{8, 4});
+  }
+  SUBCASE("bare strings need no quotes, quoted ones work too") {
+    auto r = kiln::load_recipe(file, {"model.kind=cnn", "recipe.description=\"quoted\"", "run.dir=/tmp/some where"});
+    CHECK(r.model.kind == "cnn");
+    CHECK(r.info.description == "quoted");
+    CHECK(r.run.dir == "/tmp/some where");
+    CHECK(r.run_dir() == fs::path("/tmp/some where"));
+  }
+  SUBCASE("a policy kind") {
+    auto r = kiln::load_recipe(file, {"optimizer.kind=sgd"});
+    CHECK(r.kinds[4] == "sgd");
+    // lr = 1e-3 from the file now belongs to sgd's settings.
+    kiln::optim::sgd::settings s;
+    r.read_axis("optimizer", s);
+    CHECK(s.lr == 1e-3);
+  }
+  SUBCASE("a table that the file lacks is created") {
+    auto r = kiln::load_recipe(file, {"accumulation.steps=4", "train.steps=7"});
+    CHECK(r.train.steps == 7);
+    kiln::accumulation::steps::settings s;
+    r.read_axis("accumulation", s);
+    CHECK(s.steps == 4);
+  }
+  SUBCASE("later overrides win") {
+    auto r = kiln::load_recipe(file, {"train.steps=7", "train.steps=9"});
+    CHECK(r.train.steps == 9);
+  }
+  SUBCASE("an error in an override names the override, not a line") {
+    const auto message = error_of([&] { kiln::load_recipe(file, {"data.batch_size=-1"}); });
+    CHECK(message.find("--set data.batch_size=-1") != std::string::npos);
+    CHECK(message.find("expected a value > 0") != std::string::npos);
+    CHECK(message.find("recipe.toml:") == std::string::npos);
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"data.batch_size=-1"}),
+                         doctest::Contains("--set data.batch_size=-1"), kiln::config_error);
+  }
+  SUBCASE("an error in an overridden axis key names the override") {
+    auto r = kiln::load_recipe(file, {"optimizer.lr=fast"});
+    kiln::optim::adamw::settings s;
+    CHECK_THROWS_WITH_AS(r.read_axis("optimizer", s),
+                         doctest::Contains("--set optimizer.lr=fast: optimizer.lr: expected a number, got a string"),
+                         kiln::config_error);
+  }
+  SUBCASE("an unknown key by override names the override") {
+    auto r = kiln::load_recipe(file, {"optimizer.lrr=1"});
+    kiln::optim::adamw::settings s;
+    CHECK_THROWS_WITH_AS(r.read_axis("optimizer", s), doctest::Contains("--set optimizer.lrr=1: unknown key optimizer.lrr"),
+                         kiln::config_error);
+  }
+  SUBCASE("a bad kind by override") {
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"optimizer.kind=adam"}),
+                         doctest::Contains("--set optimizer.kind=adam: optimizer.kind = \"adam\": expected one of"),
+                         kiln::config_error);
+  }
+  SUBCASE("an unknown table") {
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"nosuch.key=1"}), doctest::Contains("unknown table [nosuch]"),
+                         kiln::config_error);
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"optimiser.lr=1"}),
+                         doctest::Contains("--set optimiser.lr=1: unknown table [optimiser] (did you mean \"optimizer\"?)"),
+                         kiln::config_error);
+  }
+  SUBCASE("malformed assignments") {
+    for (const std::string bad : {"optimizer.lr", "lr=3", "=3", "optimizer.=3", "optimizer.a.b=3"})
+      CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {bad}), doctest::Contains("expected table.key=value"),
+                           kiln::config_error);
+  }
+}
+
+TEST_CASE("defaults fill what the recipe leaves out") {
+  temp_dir dir("defaults");
+  auto file = dir.write("min.toml", head);
+  auto r = kiln::load_recipe(file);
+  CHECK(r.info.name == "t");
+  CHECK(r.info.description.empty());
+  CHECK(r.model.kind == "mlp");
+  CHECK(r.model.mlp.in_features == 784);
+  CHECK(r.model.mlp.hidden == std::vector<std::int64_t>{256, 256});
+  CHECK(r.model.mlp.classes == 10);
+  CHECK(r.data.kind == "fashion-mnist");
+  CHECK(r.data.batch_size == 64);
+  CHECK(r.data.eval_batch_size == 1000);
+  CHECK(r.data.shuffle);
+  CHECK(r.train.steps == 0);
+  CHECK(r.train.epochs == 1);
+  CHECK(r.train.log_every == 50);
+  CHECK(r.scheduler.kind == "constant");
+  CHECK(r.run.resume == "auto");
+  CHECK(r.run_dir() == fs::path("runs") / "t");
+  for (std::size_t i = 0; i < kiln::axis_names.size(); ++i)
+    CHECK(r.kinds[i] == std::string(kiln::default_kind(kiln::axis_names[i])));
+  CHECK(r.combination() ==
+        "precision=fp32 accumulation=steps checkpointing=none sharding=single optimizer=sgd profiler=none");
+
+  // Axis settings keep their defaults, with or without a table.
+  kiln::optim::sgd::settings sgd;
+  r.read_axis("optimizer", sgd);
+  CHECK(sgd.lr == 0.1);
+  CHECK(sgd.momentum == 0.9);
+  auto r2 = kiln::load_recipe(dir.write("adamw.toml", head + "[optimizer]\nkind = \"adamw\"\nbeta1 = 0.8\n"));
+  kiln::optim::adamw::settings adamw;
+  r2.read_axis("optimizer", adamw);
+  CHECK(adamw.lr == 1e-3);
+  CHECK(adamw.beta1 == 0.8);
+  CHECK(adamw.beta2 == 0.999);
+  CHECK(adamw.weight_decay == 0.01);
+}
+
+TEST_CASE("the synthetic data kinds accept their own keys only") {
+  temp_dir dir("data_kinds");
+  auto ok = dir.write("ok.toml", head + "[data]\nkind = \"synthetic-classification\"\nfeatures = 8\nclasses = 3\n");
+  auto r = kiln::load_recipe(ok);
+  CHECK(r.data.features == 8);
+  CHECK(r.data.classes == 3);
+  auto bad = dir.write("bad.toml", head + "[data]\nkind = \"synthetic-classification\"\nvocab_size = 8\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(bad), doctest::Contains("bad.toml:5: unknown key data.vocab_size"),
+                       kiln::config_error);
+  auto path = dir.write("path.toml", head + "[data]\nkind = \"synthetic-tokens\"\npath = \"/x\"\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(path), doctest::Contains("unknown key data.path"), kiln::config_error);
+}
+
+TEST_CASE("the shipped recipes load and their policy kinds resolve") {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(KILN_SOURCE_DIR) / "recipes")) {
+    if (entry.path().extension() != ".toml") continue;
+    ++count;
+    CAPTURE(entry.path().string());
+    kiln::recipe r;
+    REQUIRE_NOTHROW(r = kiln::load_recipe(entry.path()));
+    CHECK(!r.info.name.empty());
+    CHECK(!r.info.description.empty());
+    CHECK(r.info.name == entry.path().stem().string());
+    for (std::size_t i = 0; i < kiln::axis_names.size(); ++i)
+      CHECK(kiln::find_policy_kind(kiln::axis_names[i], r.kinds[i]) != nullptr);
+    // Every shipped recipe reads strictly through its policies' settings.
+    REQUIRE((r.kinds[4] == "sgd" || r.kinds[4] == "adamw"));
+    for (std::size_t i = 0; i < kiln::axis_names.size(); ++i)
+      if (i != 4) CHECK(r.kinds[i] == std::string(kiln::default_kind(kiln::axis_names[i])));
+    CHECK_NOTHROW(resolved_body(r));
+  }
+  CHECK(count >= 2);
+}
+
+TEST_CASE("the resolved recipe reads back to the same resolved text") {
+  temp_dir dir("round_trip");
+  auto check_round_trip = [&](const fs::path& file, const std::vector<std::string>& overrides) {
+    CAPTURE(file.string());
+    auto r = kiln::load_recipe(file, overrides);
+    const auto text = resolved_text(r);
+    auto again_file = dir.write("again_" + file.filename().string(), text);
+    kiln::recipe again;
+    REQUIRE_NOTHROW(again = kiln::load_recipe(again_file));
+    CHECK(again.kinds == r.kinds);
+    const auto first = resolved_body(r);
+    const auto second = resolved_body(again);
+    CHECK(first == second);
+    // And once more: a fixed point.
+    auto third_file = dir.write("third_" + file.filename().string(), resolved_text(again));
+    CHECK(resolved_body(kiln::load_recipe(third_file)) == first);
+  };
+
+  SUBCASE("quickstart") {
+    check_round_trip(fs::path(KILN_SOURCE_DIR) / "recipes" / "quickstart.toml", {});
+  }
+  SUBCASE("cnn") {
+    check_round_trip(fs::path(KILN_SOURCE_DIR) / "recipes" / "cnn.toml", {});
+  }
+  SUBCASE("overrides, awkward floats and empty arrays") {
+    check_round_trip(fs::path(KILN_SOURCE_DIR) / "recipes" / "quickstart.toml",
+                     {"optimizer.lr=3e-4", "optimizer.eps=1e-300", "optimizer.weight_decay=0.30000000000000004",
+                      "train.clip_grad_norm=1.5e10", "model.hidden=[]", "train.seed=9007199254740993"});
+  }
+  SUBCASE("strings that need escaping") {
+    auto file = dir.write("strings.toml",
+                          "[recipe]\n"
+                          "name = \"it's\"\n"
+                          "description = 'say \"hi\" \\ back\\slash'\n"
+                          "scenario = \"tab\\there, unicode \\u00e9, newline\\nend\"\n"
+                          "[run]\n"
+                          "dir = \"C:\\\\runs\\\\x\"\n"
+                          "[optimizer]\n"
+                          "kind = \"adamw\"\n");
+    auto r = kiln::load_recipe(file);
+    CHECK(r.info.name == "it's");
+    CHECK(r.info.description == "say \"hi\" \\ back\\slash");
+    CHECK(r.info.scenario == "tab\there, unicode \u00e9, newline\nend");
+    CHECK(r.run.dir == "C:\\runs\\x");
+    check_round_trip(file, {});
+  }
+  SUBCASE("other model and data kinds") {
+    auto file = dir.write("gpt.toml", head + "[model]\nkind = \"gpt\"\n[data]\nkind = \"synthetic-tokens\"\n"
+                                             "[optimizer]\nkind = \"sgd\"\nnesterov = true\n[accumulation]\nsteps = 2\n");
+    check_round_trip(file, {});
+  }
+}
+
+TEST_CASE("the resolved recipe holds every table with every value") {
+  auto r = kiln::load_recipe(fs::path(KILN_SOURCE_DIR) / "recipes" / "quickstart.toml", {"optimizer.lr=3e-4"});
+  const auto [text, fingerprint] = kiln::resolve_recipe<adamw_trainer>(r);
+  for (const char* table : {"[recipe]", "[model]", "[data]", "[train]", "[scheduler]", "[run]", "[precision]",
+                            "[accumulation]", "[checkpointing]", "[sharding]", "[optimizer]", "[profiler]"})
+    CHECK(text.find(std::string("\n") + table + "\n") != std::string::npos);
+  CHECK(text.find("\nlr = 0.0003 ") != std::string::npos);
+  CHECK(text.find("\nbeta2 = 0.999 ") != std::string::npos);
+  CHECK(text.find("kind = \"adamw\"") != std::string::npos);
+  // The fingerprint covers what a resumed run must share: model, data and policies, not the step count.
+  CHECK(fingerprint.find("[model]") != std::string::npos);
+  CHECK(fingerprint.find("[optimizer]") != std::string::npos);
+  CHECK(fingerprint.find("[train]") == std::string::npos);
+  auto longer = kiln::load_recipe(fs::path(KILN_SOURCE_DIR) / "recipes" / "quickstart.toml",
+                                  {"optimizer.lr=3e-4", "train.steps=999"});
+  CHECK(kiln::resolve_recipe<adamw_trainer>(longer).second == fingerprint);
+}
+
+}  // TEST_SUITE("recipe")
