@@ -7,17 +7,17 @@
 #   kiln_use_precompiled_torch(<target>)
 #       Reuse one precompiled <torch/torch.h> (the largest part of every kiln compile).
 
-set(KILN_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
-
 function(_kiln_ensure_catalog_generator)
   if(TARGET kiln_catalog_gen)
     return()
   endif()
   # Built from source in whichever project uses kiln: it needs only toml++ and kinds.hpp.
-  if(EXISTS "${KILN_CMAKE_DIR}/../tools/kiln/catalog_gen.cpp")
-    set(_src "${KILN_CMAKE_DIR}/../tools/kiln/catalog_gen.cpp")
+  # CMAKE_CURRENT_FUNCTION_LIST_DIR: this file's folder, whichever project calls the function.
+  set(_here "${CMAKE_CURRENT_FUNCTION_LIST_DIR}")
+  if(EXISTS "${_here}/../tools/kiln/catalog_gen.cpp")
+    set(_src "${_here}/../tools/kiln/catalog_gen.cpp")
   else()
-    set(_src "${KILN_CMAKE_DIR}/catalog_gen.cpp")  # installed layout
+    set(_src "${_here}/catalog_gen.cpp")  # installed layout
   endif()
   add_executable(kiln_catalog_gen "${_src}")
   target_compile_features(kiln_catalog_gen PRIVATE cxx_std_20)

@@ -11,6 +11,17 @@ find_package(Torch REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(ZLIB REQUIRED)
 
+# Imported targets are visible only in the directory that found them. kiln is often added with
+# add_subdirectory(), and LibTorch's targets refer to each other by name (also in generator
+# expressions), so make every target these packages imported global.
+get_directory_property(_kiln_imported IMPORTED_TARGETS)
+foreach(_target IN LISTS _kiln_imported)
+  get_target_property(_global ${_target} IMPORTED_GLOBAL)
+  if(NOT _global)
+    set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+  endif()
+endforeach()
+
 add_library(kiln_dependencies INTERFACE IMPORTED GLOBAL)
 add_library(kiln::dependencies ALIAS kiln_dependencies)
 target_link_libraries(kiln_dependencies INTERFACE ${TORCH_LIBRARIES} tomlplusplus::tomlplusplus ZLIB::ZLIB

@@ -1,0 +1,152 @@
+// kiln_bench_step: the quickstart model's training step in kiln's trainer against the same
+// loop written by hand in LibTorch, plus the machine's bounds for that step.
+//
+//   kiln_bench_step --threads N --steps S --rounds R   (bench/run drives it; see bench/README.md)
+//
+// Both loops train the same MLP (784-256-256-10, dropout 0.1) on Fashion-MNIST batches of 128
+// with AdamW, same threads, same data order. Rounds alternate kiln / hand-written so that
+// machine noise hits both alike; each round times S steps after a warmup, and the medians
+// over rounds are reported. Output: one JSON object on stdout.
+#include <kiln/kiln.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+kiln::models::mlp_settings model_settings() {
+  return {.in_features = 784, .hidden = {256, 256}, .classes = 10, .dropout = 0.1};
+}
+
+// kiln: the trainer owns the loop. Returns seconds per step.
+double time_kiln(const kiln::data::tensor_pair& train, std::int64_t steps, std::uint64_t seed) {
+  using trainer_t = kiln::trainer<kiln::optim::adamw>;
+  torch::manual_seed(seed);
+  kiln::models::mlp model(model_settings());
+  kiln::data::batch_loader loader(train, {.batch_size = 128, .seed = seed});
+  trainer_t::settings s;
+  s.accelerator.optimizer = {.lr = 1e-3, .weight_decay = 0.01};
+  s.options.steps = steps;
+  s.options.log_every = 1000000;
+  s.options.progress = false;
+  trainer_t trainer(s);
+  const auto start = clock_type::now();
+  trainer.fit(model, loader);
+  return std::chrono::duration<double>(clock_type::now() - start).count() / static_cast<double>(steps);
+}
+
+// The same job as a LibTorch user writes it by hand.
+double time_handwritten(const kiln::data::tensor_pair& train, std::int64_t steps, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  kiln::models::mlp model(model_settings());
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  const auto n = train.inputs.size(0), batch = std::int64_t{128};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto order = torch::randperm(n, gen, torch::kInt64);
+  std::int64_t position = 0;
+  double loss_sum = 0;
+  model->train();
+  const auto start = clock_type::now();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    if (position + batch > n) order = torch::randperm(n, gen, torch::kInt64), position = 0;
+    auto idx = order.slice(0, position, position + batch);
+    position += batch;
+    auto x = train.inputs.index_select(0, idx), y = train.targets.index_select(0, idx);
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    loss_sum += loss.item<double>();  // every real loop looks at its loss
+  }
+  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  if (!std::isfinite(loss_sum)) std::fprintf(stderr, "hand-written loop diverged\n");
+  return seconds / static_cast<double>(steps);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The step's bounds on this machine: its FLOPs at the measured GEMM rate of the step's own
+// matrix shapes, and the optimizer's bytes at the measured memory bandwidth.
+struct bounds {
+  double gemm_gflops, bandwidth_gbs, step_gflop, optimizer_mb, compute_ms, memory_ms;
+};
+
+bounds measure_bounds(std::int64_t parameters) {
+  const std::int64_t b = 128;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> layers = {{784, 256}, {256, 256}, {256, 10}};
+  double flop = 0;
+  for (auto [in, out] : layers) flop += 3.0 * 2.0 * b * in * out;  // forward + two backward GEMMs
+  // GEMM rate on exactly these shapes (forward products), best of several repetitions.
+  std::vector<torch::Tensor> xs, ws;
+  for (auto [in, out] : layers) xs.push_back(torch::randn({b, in})), ws.push_back(torch::randn({out, in}));
+  double best = 1e30;
+  for (int rep = 0; rep < 30; ++rep) {
+    const auto start = clock_type::now();
+    for (int i = 0; i < 20; ++i)
+      for (std::size_t l = 0; l < layers.size(); ++l) torch::mm(xs[l], ws[l].t());
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count() / 20);
+  }
+  double fwd_flop = 0;
+  for (auto [in, out] : layers) fwd_flop += 2.0 * b * in * out;
+  const double gemm_rate = fwd_flop / best;
+  // Bandwidth: a 64 MB copy reads and writes every byte.
+  auto src = torch::randn({16 << 20}), dst = torch::empty_like(src);
+  double best_copy = 1e30;
+  for (int rep = 0; rep < 10; ++rep) {
+    const auto start = clock_type::now();
+    dst.copy_(src);
+    best_copy = std::min(best_copy, std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  const double bandwidth = 2.0 * src.numel() * 4 / best_copy;
+  const double optimizer_bytes = 28.0 * parameters;  // fused AdamW: p, g, m, v read; p, m, v written
+  return {gemm_rate / 1e9, bandwidth / 1e9, flop / 1e9, optimizer_bytes / 1e6, 1e3 * flop / gemm_rate,
+          1e3 * optimizer_bytes / bandwidth};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t threads = 1, steps = 300, rounds = 7;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--data")) data_dir = argv[i + 1];
+  }
+  at::set_num_threads(static_cast<int>(threads));
+  auto train = kiln::data::load_fashion_mnist(data_dir, kiln::data::split::train);
+
+  // Warm both paths (allocator, OpenBLAS buffers) before timing.
+  time_kiln(train, 50, 1);
+  time_handwritten(train, 50, 1);
+  std::vector<double> kiln_s, hand_s, ratio;
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    // alternate the order so neither side always runs on a warmer machine
+    double k, h;
+    if (r % 2 == 0) k = time_kiln(train, steps, 100 + r), h = time_handwritten(train, steps, 100 + r);
+    else h = time_handwritten(train, steps, 100 + r), k = time_kiln(train, steps, 100 + r);
+    kiln_s.push_back(k), hand_s.push_back(h), ratio.push_back(k / h);
+  }
+  std::int64_t parameters = 0;
+  for (const auto& p : kiln::models::mlp(model_settings())->parameters()) parameters += p.numel();
+  auto b = measure_bounds(parameters);
+  std::printf(
+      "{\"threads\": %lld, \"steps\": %lld, \"rounds\": %lld, \"parameters\": %lld, "
+      "\"kiln_ms\": %.4f, \"handwritten_ms\": %.4f, \"paired_ratio_median\": %.4f, "
+      "\"gemm_gflops\": %.2f, \"bandwidth_gbs\": %.2f, \"step_gflop\": %.4f, \"optimizer_mb\": %.3f, "
+      "\"bound_compute_ms\": %.4f, \"bound_memory_ms\": %.4f}\n",
+      (long long)threads, (long long)steps, (long long)rounds, (long long)parameters, 1e3 * median(kiln_s),
+      1e3 * median(hand_s), median(ratio), b.gemm_gflops, b.bandwidth_gbs, b.step_gflop, b.optimizer_mb,
+      b.compute_ms, b.memory_ms);
+  return 0;
+}
