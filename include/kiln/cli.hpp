@@ -6,12 +6,15 @@
 //   kiln run RECIPE [--set table.key=value]...   train
 //   kiln check RECIPE [--set ...]                print the resolved recipe and its combination
 //   kiln list                                    recipes and compiled combinations
+//   kiln runs [DIR]                              run directories side by side
 //   kiln doctor                                  LibTorch, threads, BLAS, Gloo/CUDA, datasets
 #pragma once
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +82,7 @@ inline void usage() {
       "  kiln run RECIPE [--set table.key=value]... [--no-progress]   train as the recipe says\n"
       "  kiln check RECIPE [--set table.key=value]...                 validate; print the resolved recipe\n"
       "  kiln list                                                    recipes and compiled policy combinations\n"
+      "  kiln runs [DIR]                                              runs under DIR (default runs/) side by side\n"
       "  kiln doctor                                                  what this machine gives a run\n");
 }
 
@@ -89,6 +93,54 @@ inline std::string read_description(const std::string& file) {
   } catch (const error& e) {
     return std::string("(unreadable: ") + e.what() + ")";
   }
+}
+
+inline std::optional<double> json_field(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\": ");
+  if (at == std::string::npos) return std::nullopt;
+  try {
+    return std::stod(text.substr(at + key.size() + 4));
+  } catch (const std::exception&) {
+    return std::nullopt;  // "null": not measured
+  }
+}
+
+// `kiln runs`: every run directory under `root` side by side, so that a rerun with one policy
+// changed reads as a comparison.
+inline int list_runs(const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(root)) throw config_error(root.string() + ": no such run folder (runs go to runs/<name>)");
+  std::vector<fs::path> dirs;
+  for (const auto& entry : fs::directory_iterator(root))
+    if (fs::exists(entry.path() / "recipe.toml")) dirs.push_back(entry.path());
+  std::sort(dirs.begin(), dirs.end());
+  std::printf("%-28s %-5s %-9s %-8s %-18s %-6s %7s %9s %9s  %s\n", "run", "model", "precision", "accum", "optimizer (lr)",
+              "batch", "steps", "time", "eval acc", "status");
+  for (const auto& dir : dirs) {
+    toml::table recipe;
+    try {
+      recipe = toml::parse_file((dir / "recipe.toml").string());
+    } catch (const toml::parse_error&) {
+      continue;
+    }
+    auto text = [&](const char* table, const char* key) { return recipe[table][key].value_or(std::string("?")); };
+    char optimizer[64];
+    std::snprintf(optimizer, sizeof optimizer, "%s (%g)", text("optimizer", "kind").c_str(),
+                  recipe["optimizer"]["lr"].value_or(0.0));
+    const auto summary = fs::exists(dir / "summary.json") ? kiln::detail::read_text(dir / "summary.json") : "";
+    auto steps = json_field(summary, "steps"), seconds = json_field(summary, "seconds"),
+         accuracy = json_field(summary, "eval_accuracy");
+    char time_text[32] = "-", acc_text[32] = "-", steps_text[32] = "-";
+    if (steps) std::snprintf(steps_text, sizeof steps_text, "%.0f", *steps);
+    if (seconds) std::snprintf(time_text, sizeof time_text, "%.1f s", *seconds);
+    if (accuracy) std::snprintf(acc_text, sizeof acc_text, "%.2f%%", 100.0 * *accuracy);
+    std::printf("%-28s %-5s %-9s %-8lld %-18s %-6lld %7s %9s %9s  %s\n", dir.string().c_str(), text("model", "kind").c_str(),
+                text("precision", "kind").c_str(), (long long)recipe["accumulation"]["steps"].value_or(std::int64_t{1}),
+                optimizer, (long long)recipe["data"]["batch_size"].value_or(std::int64_t{0}), steps_text, time_text,
+                acc_text, summary.empty() ? "unfinished" : "finished");
+  }
+  if (dirs.empty()) std::printf("(no runs in %s yet: ./kiln run recipes/quickstart.toml)\n", root.c_str());
+  return 0;
 }
 
 // Two cores shared by LibTorch's OpenMP threads and OpenBLAS's own threads: with libgomp's
@@ -120,6 +172,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       for (const auto& c : catalog) std::printf("  %s\n", combination_name(c.kinds).c_str());
       return 0;
     }
+    if (args.command == "runs") return detail::list_runs(args.recipe.empty() ? "runs" : args.recipe);
     if (args.command == "doctor") {
       at::set_num_threads(static_cast<int>(resolve_threads(0)));
       int warnings = 0;
@@ -147,7 +200,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       std::printf("%s; run directory %s\n", summary.stopped_early ? " (stopped early)" : "", r.run_dir().c_str());
       return 0;
     }
-    throw config_error("unknown command \"" + args.command + "\" (try: run, check, list, doctor)");
+    throw config_error("unknown command \"" + args.command + "\" (try: run, check, list, runs, doctor)");
   } catch (const kiln::error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
     return 1;

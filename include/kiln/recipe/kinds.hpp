@@ -59,8 +59,10 @@ using combination_kinds = std::array<std::string, axis_names.size()>;
 
 inline std::string combination_name(const combination_kinds& kinds) {
   std::string name;
-  for (std::size_t i = 0; i < axis_names.size(); ++i)
-    name += (i ? " " : "") + std::string(axis_names[i]) + "=" + kinds[i];
+  for (std::size_t i = 0; i < axis_names.size(); ++i) {
+    if (i) name += ' ';
+    name.append(axis_names[i]).append("=").append(kinds[i]);
+  }
   return name;
 }
 
