@@ -154,7 +154,7 @@ class trainer {
     std::int64_t steps_in_window = 0;
     bool stop = false;
     while (step < options_.steps && !stop) {
-      loss_sum = torch::zeros({}, torch::kFloat64);
+      loss_sum = torch::Tensor();
       for (std::int64_t micro = 0; micro < micro_steps; ++micro) {
         if constexpr (profiler_t::enabled) profiler.begin(phase::data);
         auto batch = train.next();
@@ -167,7 +167,8 @@ class trainer {
         if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
         acc.backward(loss);
         if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
-        loss_sum += loss.detach();
+        // Summed on the device, read once per step: no extra op without accumulation.
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
         acc.step();
         if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
       }
