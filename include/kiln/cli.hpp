@@ -7,6 +7,7 @@
 //   kiln check RECIPE [--set ...]                print the resolved recipe and its combination
 //   kiln list                                    recipes and compiled combinations
 //   kiln runs [DIR]                              run directories side by side
+//   kiln profile RECIPE [--set ...]              a short session with every profiler, report in the run dir
 //   kiln doctor                                  LibTorch, threads, BLAS, Gloo/CUDA, datasets
 #pragma once
 
@@ -83,6 +84,7 @@ inline void usage() {
       "  kiln check RECIPE [--set table.key=value]...                 validate; print the resolved recipe\n"
       "  kiln list                                                    recipes and compiled policy combinations\n"
       "  kiln runs [DIR]                                              runs under DIR (default runs/) side by side\n"
+      "  kiln profile RECIPE [--set table.key=value]...               a short profiled session: ops, phases, memory, trace\n"
       "  kiln doctor                                                  what this machine gives a run\n");
 }
 
@@ -169,7 +171,8 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       for (const auto& c : catalog)
         for (const auto& file : c.recipes) std::printf("  %-40s %s\n", file.c_str(), detail::read_description(file).c_str());
       std::printf("\npolicy combinations:\n");
-      for (const auto& c : catalog) std::printf("  %s\n", combination_name(c.kinds).c_str());
+      for (const auto& c : catalog)
+        std::printf("  %s%s\n", combination_name(c.kinds).c_str(), c.recipes.empty() ? "   (for kiln profile)" : "");
       return 0;
     }
     if (args.command == "runs") return detail::list_runs(args.recipe.empty() ? "runs" : args.recipe);
@@ -181,6 +184,31 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
         if (!line.warning.empty()) std::printf("%-14s   warning: %s\n", "", line.warning.c_str()), ++warnings;
       }
       std::printf("%s\n", warnings ? "some warnings: see above" : "all good");
+      return 0;
+    }
+    if (args.command == "profile") {
+      // A short session of the recipe with every profiler: wait 1, warmup 2, active 5 steps,
+      // unless the command line says otherwise.
+      if (args.recipe.empty()) throw config_error("kiln profile: which recipe? e.g. kiln profile recipes/profiling.toml");
+      auto r = load_recipe(args.recipe, args.overrides);
+      std::vector<std::string> overrides = {"profiler.kind=[\"ops\", \"trace\", \"memory\", \"phases\"]",
+                                            "run.resume=never"};
+      const auto* profiler_table = r.document["profiler"].as_table();
+      std::int64_t cycle = 0;
+      for (auto [key, fallback] : {std::pair{"wait", 1}, {"warmup", 2}, {"active", 5}}) {
+        auto value = profiler_table ? (*profiler_table)[key].value<std::int64_t>() : std::nullopt;
+        if (!value) overrides.push_back(std::string("profiler.") + key + "=" + std::to_string(fallback));
+        cycle += value.value_or(fallback);
+      }
+      overrides.push_back("profiler.repeat=1");
+      if (!r.sources.overrides.count("train.steps")) overrides.push_back("train.steps=" + std::to_string(cycle));
+      if (!r.sources.overrides.count("run.dir"))
+        overrides.push_back("run.dir=" + (r.run_dir().string() + "-profile"));
+      overrides.insert(overrides.begin(), args.overrides.begin(), args.overrides.end());
+      auto profiled = load_recipe(args.recipe, overrides);
+      const auto& combination = detail::find_combination(profiled, catalog);
+      combination.run(profiled, {.progress = args.progress});
+      std::printf("profile of %s written to %s\n", r.info.name.c_str(), (profiled.run_dir() / "profile").c_str());
       return 0;
     }
     if (args.command == "run" || args.command == "check") {
@@ -200,7 +228,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       std::printf("%s; run directory %s\n", summary.stopped_early ? " (stopped early)" : "", r.run_dir().c_str());
       return 0;
     }
-    throw config_error("unknown command \"" + args.command + "\" (try: run, check, list, runs, doctor)");
+    throw config_error("unknown command \"" + args.command + "\" (try: run, check, profile, list, runs, doctor)");
   } catch (const kiln::error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
     return 1;

@@ -17,7 +17,12 @@
 #include "kiln/optim/adamw.hpp"
 #include "kiln/optim/sgd.hpp"
 #include "kiln/precision/fp32.hpp"
+#include "kiln/profiler/memory.hpp"
+#include "kiln/profiler/memory_meter.hpp"
 #include "kiln/profiler/none.hpp"
+#include "kiln/profiler/ops.hpp"
+#include "kiln/profiler/phases.hpp"
+#include "kiln/profiler/trace.hpp"
 #include "kiln/sharding/single.hpp"
 
 #include "kiln/accelerator.hpp"

@@ -28,6 +28,7 @@
 #include "kiln/data/tensor_pair.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
+#include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
 
 namespace kiln {
@@ -147,6 +148,8 @@ class trainer {
     const auto started = std::chrono::steady_clock::now();
     auto& profiler = acc.profiler();
     using profiler_t = typename accelerator_t::profiler_t;
+    if constexpr (requires { profiler.attach(profiler::profile_context{}); })
+      profiler.attach({&module, acc.rank(), [&acc] { return acc.optimizer().state_bytes(); }});
 
     fit_summary summary;
     torch::Tensor loss_sum;
@@ -217,6 +220,7 @@ class trainer {
         save(module, train);
     }
     progress.end();
+    if constexpr (requires { profiler.finish(dir); }) profiler.finish(dir.empty() ? dir : dir / "profile");
     summary.steps = step;
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

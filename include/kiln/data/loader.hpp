@@ -7,7 +7,9 @@
 // shift dropout masks either.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <utility>
 
 #include <torch/torch.h>
@@ -28,6 +30,7 @@ struct loader_options {
   bool shuffle = true;
   bool drop_last = true;  // a short last batch would change the gradient scale of one step
   std::uint64_t seed = 0;
+  double delay_ms = 0;  // simulated input latency per batch (a slow input pipeline, for profiling)
 };
 
 class batch_loader {
@@ -58,6 +61,7 @@ class batch_loader {
       index_ = 0;
       start_epoch();
     }
+    if (options_.delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.delay_ms));
     const auto begin = index_ * options_.batch_size;
     const auto end = std::min(begin + options_.batch_size, size_);
     ++index_;

@@ -31,7 +31,16 @@ inline constexpr policy_kind policy_kinds[] = {
     {"optimizer", "sgd", "kiln::optim::sgd"},
     {"optimizer", "adamw", "kiln::optim::adamw"},
     {"profiler", "none", "kiln::profiler::none"},
+    // Profiler kinds combine: kind = ["ops", "memory"] is kiln::profiler::profile<ops_collector,
+    // memory_collector>, named "ops+memory" (in this table's order).
+    {"profiler", "ops", "kiln::profiler::ops_collector"},
+    {"profiler", "trace", "kiln::profiler::trace_collector"},
+    {"profiler", "memory", "kiln::profiler::memory_collector"},
+    {"profiler", "phases", "kiln::profiler::phases_collector"},
 };
+
+// What `kiln profile` runs a recipe with: every profiler collector.
+inline constexpr std::string_view profile_all_kind = "ops+trace+memory+phases";
 
 inline constexpr std::string_view default_kind(std::string_view axis) {
   for (const auto& k : policy_kinds)
@@ -43,6 +52,21 @@ inline constexpr const policy_kind* find_policy_kind(std::string_view axis, std:
   for (const auto& k : policy_kinds)
     if (k.axis == axis && k.kind == kind) return &k;
   return nullptr;
+}
+
+// The C++ type for a kind; for the profiler, kind may name several collectors ("ops+memory").
+inline std::string policy_type(std::string_view axis, std::string_view kind) {
+  if (axis != "profiler" || kind == "none")
+    return std::string(find_policy_kind(axis, kind)->type);
+  std::string type = "kiln::profiler::profile<";
+  bool first = true;
+  while (!kind.empty()) {
+    const auto plus = kind.find('+');
+    type += (first ? "" : ", ") + std::string(find_policy_kind(axis, kind.substr(0, plus))->type);
+    first = false;
+    kind = plus == std::string_view::npos ? std::string_view{} : kind.substr(plus + 1);
+  }
+  return type + ">";
 }
 
 // "fp32", "sgd" ... as `"a" "b"` for error messages.

@@ -23,6 +23,7 @@
 #include "kiln/models/gpt.hpp"
 #include "kiln/models/mlp.hpp"
 #include "kiln/recipe/fields.hpp"
+#include "kiln/recipe/kind_reader.hpp"
 #include "kiln/recipe/kinds.hpp"
 #include "kiln/recipe/toml_visitors.hpp"
 #include "kiln/schedule.hpp"
@@ -62,6 +63,7 @@ struct data_settings {
   std::int64_t batch_size = 64;
   std::int64_t eval_batch_size = 1000;
   bool shuffle = true;
+  double delay_ms = 0;
   // synthetic data sets
   std::int64_t samples = 4096;
   std::int64_t eval_samples = 1024;
@@ -78,6 +80,8 @@ struct data_settings {
     v.field("batch_size", batch_size, "samples per micro-batch", checks::positive);
     v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch", checks::positive);
     v.field("shuffle", shuffle, "reshuffle the training set every epoch");
+    v.field("delay_ms", delay_ms, "simulated input latency per batch, to see an input-bound profile",
+            checks::non_negative);
     if (kind == "fashion-mnist") return;
     v.field("samples", samples, "training samples to generate", checks::positive);
     v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
@@ -262,12 +266,7 @@ inline recipe load_recipe(const std::filesystem::path& file, const std::vector<s
     if (!table) continue;
     const toml::node* kind = table->get("kind");
     if (!kind) continue;
-    const auto where = r.sources.where(axis + ".kind", kind->source());
-    auto value = kind->value<std::string>();
-    if (!value) throw config_error(where + ": " + axis + ".kind: expected a string, got " + detail::toml_type_name(*kind));
-    if (!find_policy_kind(axis, *value))
-      throw config_error(where + ": " + axis + ".kind = \"" + *value + "\": expected one of " + kinds_on_axis(axis));
-    r.kinds[i] = *value;
+    r.kinds[i] = detail::read_policy_kind(*kind, axis, r.sources.where(axis + ".kind", kind->source()));
   }
   return r;
 }

@@ -160,7 +160,8 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
   data::batch_loader loader(data.train, {.batch_size = r.data.batch_size,
                                          .shuffle = r.data.shuffle,
                                          .drop_last = true,
-                                         .seed = static_cast<std::uint64_t>(r.train.seed)});
+                                         .seed = static_cast<std::uint64_t>(r.train.seed),
+                                         .delay_ms = r.data.delay_ms});
   const auto micro_steps = settings.accelerator.accumulation.steps;
   const auto steps_per_epoch = loader.batches_per_epoch() / micro_steps;
   if (steps_per_epoch == 0)

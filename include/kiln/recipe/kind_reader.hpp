@@ -1,0 +1,44 @@
+// kiln/recipe/kind_reader.hpp: reads an axis table's `kind` into its canonical name.
+//
+// Shared by the recipe reader and the catalog generator so that both agree on what a recipe
+// asks for. The profiler takes a list (kind = ["ops", "memory"]), named "ops+memory" in the
+// order of kiln/recipe/kinds.hpp whatever the order in the recipe.
+#pragma once
+
+#include <set>
+#include <string>
+
+#include <toml++/toml.h>
+
+#include "kiln/errors.hpp"
+#include "kiln/recipe/kinds.hpp"
+
+namespace kiln::detail {
+
+inline std::string read_policy_kind(const toml::node& node, const std::string& axis, const std::string& where) {
+  const std::string key = axis + ".kind";
+  if (axis == "profiler" && node.is_array()) {
+    std::set<std::string> chosen;
+    for (const auto& element : *node.as_array()) {
+      auto name = element.value<std::string>();
+      if (!name) throw config_error(where + ": " + key + ": expected an array of strings");
+      if (*name == "none") throw config_error(where + ": " + key + ": \"none\" cannot be combined with other profilers");
+      if (!find_policy_kind(axis, *name))
+        throw config_error(where + ": " + key + ": \"" + *name + "\" is not a profiler; expected " + kinds_on_axis(axis));
+      if (!chosen.insert(*name).second) throw config_error(where + ": " + key + ": \"" + *name + "\" is listed twice");
+    }
+    if (chosen.empty()) throw config_error(where + ": " + key + ": an empty list; use kind = \"none\" for no profiler");
+    std::string canonical;
+    for (const auto& k : policy_kinds)
+      if (k.axis == axis && chosen.count(std::string(k.kind))) canonical += (canonical.empty() ? "" : "+") + std::string(k.kind);
+    return canonical;
+  }
+  auto value = node.value<std::string>();
+  if (!value)
+    throw config_error(where + ": " + key + ": expected a string" + (axis == "profiler" ? " or an array of strings" : ""));
+  if (!find_policy_kind(axis, *value))
+    throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + kinds_on_axis(axis));
+  return *value;
+}
+
+}  // namespace kiln::detail

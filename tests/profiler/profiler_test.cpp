@@ -1,0 +1,232 @@
+// Profiler policies against known answers: operator counts of a known model, trace nesting,
+// memory peaks of a known allocation pattern to the byte, the schedule, and the verdicts.
+// kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
+#include <kiln/kiln.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <unistd.h>
+
+namespace {
+
+kiln::profiler::profiler_settings always_active() {
+  return {.wait = 0, .warmup = 0, .active = 1000, .repeat = 1};
+}
+
+kiln::models::mlp three_linear_layers() {
+  torch::manual_seed(0);
+  return kiln::models::mlp(kiln::models::mlp_settings{.in_features = 8, .hidden = {16, 16}, .classes = 3});
+}
+
+std::string run_cli(const std::string& args) {
+  const std::string command = std::string("OMP_WAIT_POLICY=PASSIVE ") + KILN_CLI + " " + args + " 2>&1";
+  std::string output;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+    ::pclose(pipe);
+  }
+  return output;
+}
+
+}  // namespace
+
+TEST_SUITE("profiler") {
+  TEST_CASE("ops: three Linear layers give three addmm per forward and three AddmmBackward0 per backward") {
+    auto model = three_linear_layers();
+    auto x = torch::randn({4, 8});
+    kiln::profiler::ops profiler(always_active());
+    for (int i = 0; i < 5; ++i) {
+      auto loss = model->forward(x).sum();
+      loss.backward();
+      profiler.on_step_end(i + 1);
+    }
+    auto& ops = profiler.collector<kiln::profiler::ops_collector>();
+    CHECK(ops.calls("aten::addmm") == 15);
+    CHECK(ops.calls("AddmmBackward0") == 15);
+    CHECK(ops.recorded_steps() == 5);
+    auto table = ops.table();
+    REQUIRE_FALSE(table.empty());
+    for (std::size_t i = 1; i < table.size(); ++i) CHECK(table[i - 1].self_us >= table[i].self_us);
+    for (const auto& row : table) CHECK(row.self_us <= row.total_us + 1e-6);
+  }
+
+  TEST_CASE("ops: record_shapes splits statistics by input shapes; off mode installs nothing") {
+    auto model = three_linear_layers();
+    auto settings = always_active();
+    settings.record_shapes = true;
+    {
+      kiln::profiler::ops profiler(settings);
+      model->forward(torch::randn({4, 8}));
+      model->forward(torch::randn({2, 8}));
+      auto& ops = profiler.collector<kiln::profiler::ops_collector>();
+      int addmm_rows = 0;
+      for (const auto& row : ops.table())
+        if (row.name == "aten::addmm") {
+          ++addmm_rows;
+          CHECK(row.shapes.find("[") != std::string::npos);
+        }
+      CHECK(addmm_rows == 6);  // 3 layers x 2 batch sizes
+    }
+    // wait = 5: nothing is recorded during the first five steps
+    kiln::profiler::ops waiting({.wait = 5, .warmup = 0, .active = 1, .repeat = 1});
+    model->forward(torch::randn({4, 8}));
+    CHECK(waiting.collector<kiln::profiler::ops_collector>().calls("aten::addmm") == 0);
+  }
+
+  TEST_CASE("schedule: wait, warmup and active steps as torch.profiler counts them") {
+    auto model = three_linear_layers();
+    auto x = torch::randn({4, 8});
+    // cycle of 1 wait + 1 warmup + 2 active, twice: steps 3, 4, 7, 8 are recorded
+    kiln::profiler::ops profiler({.wait = 1, .warmup = 1, .active = 2, .repeat = 2});
+    std::vector<int> modes;
+    for (int step = 1; step <= 10; ++step) {
+      modes.push_back(static_cast<int>(profiler.mode()));
+      model->forward(x);
+      profiler.on_step_end(step);
+    }
+    const int off = 0, warmup = 1, active = 2;  // profile_mode's values
+    CHECK(modes == std::vector<int>{off, warmup, active, active, off, warmup, active, active, off, off});
+    CHECK(profiler.collector<kiln::profiler::ops_collector>().calls("aten::addmm") == 4 * 3);
+  }
+
+  TEST_CASE("trace: phases nest inside steps and ops inside phases; the file is valid JSON") {
+    auto model = three_linear_layers();
+    auto x = torch::randn({4, 8});
+    kiln::profiler::trace profiler(always_active());
+    for (int step = 1; step <= 3; ++step) {
+      profiler.begin(kiln::phase::forward);
+      auto loss = model->forward(x).sum();
+      profiler.end(kiln::phase::forward);
+      profiler.begin(kiln::phase::backward);
+      loss.backward();
+      profiler.end(kiln::phase::backward);
+      profiler.on_step_end(step);
+    }
+    const auto& trace = profiler.collector<kiln::profiler::trace_collector>();
+    using event = kiln::profiler::trace_collector::event;
+    std::vector<event> steps, phases, ops;
+    for (const auto& e : trace.events())
+      (e.category == "kiln" ? (e.name.rfind("step", 0) == 0 ? steps : phases) : ops).push_back(e);
+    CHECK(steps.size() == 3);
+    CHECK(phases.size() == 6);
+    auto inside = [](const event& inner, const event& outer) {
+      return inner.start_us >= outer.start_us && inner.start_us + inner.duration_us <= outer.start_us + outer.duration_us + 1e-3;
+    };
+    for (const auto& p : phases) {
+      int parents = 0;
+      for (const auto& s : steps) parents += inside(p, s);
+      CHECK(parents == 1);
+    }
+    int addmm = 0;
+    for (const auto& o : ops) {
+      if (o.thread != phases.front().thread) continue;
+      int parents = 0;
+      for (const auto& p : phases) parents += inside(o, p);
+      CHECK_MESSAGE(parents == 1, o.name);
+      if (o.name == "aten::addmm") {
+        ++addmm;
+        bool in_forward = false;
+        for (const auto& p : phases) in_forward = in_forward || (p.name == "forward" && inside(o, p));
+        CHECK(in_forward);
+      }
+    }
+    CHECK(addmm == 9);
+
+    const auto file = std::filesystem::temp_directory_path() / ("kiln-trace-" + std::to_string(::getpid()) + ".json");
+    std::ofstream(file) << trace.json();
+    const auto check = "/usr/bin/python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+                       "assert all(e['ph']=='X' and e['dur']>=0 for e in d['traceEvents'])\" " + file.string();
+    CHECK(std::system(check.c_str()) == 0);
+    std::filesystem::remove(file);
+  }
+
+  TEST_CASE("memory_meter counts a known allocation pattern to the byte") {
+    kiln::memory_meter meter;
+    meter.start();
+    {
+      auto a = torch::empty({1000}, torch::kFloat32);  // 4000 B
+      auto b = torch::empty({2000}, torch::kFloat64);  // 16000 B
+      CHECK(meter.current() == 20000);
+      a = torch::Tensor();                            // -4000
+      auto c = torch::empty({500}, torch::kInt16);    // +1000
+      CHECK(meter.current() == 17000);
+      CHECK(meter.peak() == 20000);
+      meter.reset_peak();
+      auto d = torch::empty({3000}, torch::kUInt8);   // +3000
+      CHECK(meter.peak() == 20000);
+    }
+    CHECK(meter.current() == 0);
+    meter.stop();
+    auto e = torch::empty({100});
+    CHECK(meter.current() == 0);  // stopped: not counted
+  }
+
+  TEST_CASE("memory profiler: per-phase and per-step peaks, held bytes") {
+    auto model = three_linear_layers();
+    kiln::profiler::memory profiler(always_active());
+    profiler.attach({&*model, 0, [] { return std::int64_t{123}; }});
+    for (int step = 1; step <= 2; ++step) {
+      profiler.begin(kiln::phase::forward);
+      {
+        auto a = torch::empty({4096}, torch::kFloat32);  // 16 KiB
+        auto b = torch::empty({1024}, torch::kFloat32);  // 4 KiB
+      }
+      profiler.end(kiln::phase::forward);
+      profiler.begin(kiln::phase::backward);
+      auto kept = torch::empty({256}, torch::kFloat64);  // 2 KiB, freed after the step
+      profiler.end(kiln::phase::backward);
+      profiler.on_step_end(step);
+    }
+    const auto& memory = profiler.collector<kiln::profiler::memory_collector>();
+    REQUIRE(memory.steps().size() == 2);
+    for (const auto& s : memory.steps()) {
+      CHECK(s.phase_peak_bytes[1] == 16384 + 4096);
+      CHECK(s.phase_peak_bytes[2] == 2048);
+      CHECK(s.peak_bytes == 20480);
+    }
+    auto held = memory.held_bytes();
+    CHECK(held[0].second == (8 * 16 + 16 + 16 * 16 + 16 + 16 * 3 + 3) * 4);
+    CHECK(held[2].second == 123);
+  }
+
+  TEST_CASE("phases: a slow dataset gets the input-bound verdict, a fast one compute-bound") {
+    using trainer_t = kiln::trainer<kiln::optim::adamw, kiln::profiler::phases>;
+    auto run = [](double delay_ms) {
+      torch::manual_seed(0);
+      kiln::models::mlp model(kiln::models::mlp_settings{.in_features = 64, .hidden = {256, 256}, .classes = 4});
+      kiln::data::batch_loader loader(kiln::data::make_classification(2048, 64, 4, 1),
+                                      {.batch_size = 64, .delay_ms = delay_ms});
+      trainer_t::settings s;
+      s.options.steps = 12;
+      s.options.progress = false;
+      s.accelerator.profiler = {.wait = 1, .warmup = 1, .active = 10};
+      trainer_t t(s);
+      t.fit(model, loader);
+      return t.accel().profiler().collector<kiln::profiler::phases_collector>().verdict();
+    };
+    CHECK(run(20.0).rfind("input-bound", 0) == 0);
+    CHECK(run(0.0).rfind("compute-bound", 0) == 0);
+  }
+
+  TEST_CASE("kiln profile: any recipe, a report with every part and the files") {
+    const auto dir = std::filesystem::temp_directory_path() / ("kiln-profile-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "slow.toml") << "[recipe]\nname = \"slow\"\n"
+                                        "[model]\nkind = \"mlp\"\nin_features = 16\nhidden = [32]\nclasses = 4\n"
+                                        "[data]\nkind = \"synthetic-classification\"\nfeatures = 16\nclasses = 4\n"
+                                        "batch_size = 32\ndelay_ms = 15\n"
+                                        "[optimizer]\nkind = \"adamw\"\n";
+    auto out = run_cli("profile " + (dir / "slow.toml").string() + " --set run.dir=" + (dir / "run").string());
+    CHECK_MESSAGE(out.find("verdict: input-bound") != std::string::npos, out);
+    CHECK(out.find("top operators by self time") != std::string::npos);
+    CHECK(out.find("peak of a step") != std::string::npos);
+    for (const char* file : {"ops.csv", "ops.json", "trace.json", "memory.csv", "phases.csv", "report.html"})
+      CHECK_MESSAGE(std::filesystem::exists(dir / "run" / "profile" / file), file);
+    std::filesystem::remove_all(dir);
+  }
+}
