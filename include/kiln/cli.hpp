@@ -201,7 +201,10 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
         cycle += value.value_or(fallback);
       }
       overrides.push_back("profiler.repeat=1");
-      if (!r.sources.overrides.count("train.steps")) overrides.push_back("train.steps=" + std::to_string(cycle));
+      // One step after the profiled ones checks gradient health, so its hooks do not skew the profile.
+      if (!r.sources.overrides.count("train.steps")) overrides.push_back("train.steps=" + std::to_string(cycle + 1));
+      if (!r.sources.overrides.count("diagnostics.every"))
+        overrides.push_back("diagnostics.every=" + std::to_string(cycle + 1));
       if (!r.sources.overrides.count("run.dir"))
         overrides.push_back("run.dir=" + (r.run_dir().string() + "-profile"));
       overrides.insert(overrides.begin(), args.overrides.begin(), args.overrides.end());

@@ -76,7 +76,7 @@ struct non_finite_report {
   bool inferred = false;  // forward output of an op without parameter inputs: the module is the one before it
 
   std::string text() const {
-    std::string out = "non-finite " + where;
+    std::string out = (where == "gradient" ? "non-finite " : "NaN in ") + where;
     if (where == "gradient" && !parameter.empty()) {
       out += " of parameter " + parameter + " (module " + module + ")";
     } else {
@@ -497,7 +497,10 @@ class diagnostics {
         if (!detail::checkable(t)) return;
         // A view of a parameter (weight.t()) is the parameter, not an op's result.
         if (parameter_module(*state, t)) return;
-        state->checks.push_back({torch::isfinite(t.detach()).all(), ctx->module, ctx->has_module, ctx->inferred, op});
+        // NaN only: -inf is how attention masks future positions (masked_fill before softmax),
+        // and an overflow to inf turns into NaN a few ops later, where it is caught.
+        state->checks.push_back({torch::isnan(t.detach()).any().logical_not(), ctx->module, ctx->has_module,
+                                 ctx->inferred, op});
       });
     }
   }

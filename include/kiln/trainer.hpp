@@ -26,6 +26,7 @@
 #include "kiln/callbacks.hpp"
 #include "kiln/data/loader.hpp"
 #include "kiln/data/tensor_pair.hpp"
+#include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/profiler/profile.hpp"
@@ -42,6 +43,7 @@ struct trainer_options {
   std::filesystem::path run_dir;   // empty = write nothing (no metrics, no state)
   bool resume = true;              // continue an unfinished run found in run_dir
   bool progress = true;            // show the progress display (rank 0 only)
+  diagnostics_settings diagnostics;  // gradient health, non-finite detection, anomaly mode
   std::string recipe_text;         // written to run_dir/recipe.toml
   std::string fingerprint;         // what must match for a resume (model, data, policies)
 };
@@ -151,6 +153,13 @@ class trainer {
     if constexpr (requires { profiler.attach(profiler::profile_context{}); })
       profiler.attach({&module, acc.rank(), [&acc] { return acc.optimizer().state_bytes(); }});
 
+    // Diagnostics cost nothing unless enabled: no hooks, no checks, not even the object.
+    std::optional<diagnostics> diag;
+    if (options_.diagnostics.every > 0 || options_.diagnostics.anomaly) {
+      diag.emplace(options_.diagnostics);
+      diag->attach(module);
+    }
+
     fit_summary summary;
     torch::Tensor loss_sum;
     double loss_window = 0.0;  // sum of step losses since the last log line
@@ -164,6 +173,7 @@ class trainer {
         if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
         torch::Tensor loss;
         {
+          auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
           auto cast = acc.autocast();
           loss = detail::classification_loss(detail::forward(model, batch.inputs), batch.targets);
         }
@@ -172,7 +182,9 @@ class trainer {
         if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
         // Summed on the device, read once per step: no extra op without accumulation.
         loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+        if (diag && acc.is_sync_step()) diag->after_backward(step + 1);  // gradients complete
         acc.step();
+        if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
         if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
       }
       const auto& result = acc.last_step();
@@ -203,6 +215,7 @@ class trainer {
         loss_window = 0.0;
         steps_in_window = 0;
       }
+      if (diag && diag->due(step)) report_gradients(*diag, step, progress);
       for (auto& c : callbacks_) stop = (c->on_step_end(info) == control::stop) || stop;
 
       if (eval && (step % eval_every == 0 || step == options_.steps)) {
@@ -220,7 +233,10 @@ class trainer {
         save(module, train);
     }
     progress.end();
-    if constexpr (requires { profiler.finish(dir); }) profiler.finish(dir.empty() ? dir : dir / "profile");
+    if constexpr (requires { profiler.finish(dir); }) {
+      if (diag && !diag->last_report().empty()) profiler.set_gradient_health(diag->last_report(), diag->warnings());
+      profiler.finish(dir.empty() ? dir : dir / "profile");
+    }
     summary.steps = step;
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -272,6 +288,22 @@ class trainer {
     std::snprintf(text, sizeof text, "eval @ step %lld: loss %.4f, accuracy %.2f%% (%lld samples)", (long long)e.step,
                   e.loss, 100.0 * e.accuracy, (long long)e.samples);
     return text;
+  }
+
+  // Per-module gradient norms and update ratios to <run dir>/gradients.jsonl; warnings shown.
+  void report_gradients(const diagnostics& diag, std::int64_t step, progress_display& progress) {
+    for (const auto& w : diag.warnings()) progress.print("kiln: warning: " + w);
+    if (options_.run_dir.empty() || !acc_->is_main()) return;
+    std::ofstream out(options_.run_dir / "gradients.jsonl", std::ios::app);
+    for (const auto& h : diag.last_report())
+      out << json_line()
+                 .add("step", step)
+                 .add("module", h.module)
+                 .add("grad_norm", h.grad_norm)
+                 .add("param_norm", h.param_norm)
+                 .add("update_ratio", h.update_ratio)
+                 .str()
+          << '\n';
   }
 
   // Prepares the run directory; returns the step to start from (> 0 when resuming).

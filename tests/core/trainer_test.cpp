@@ -238,3 +238,35 @@ TEST_SUITE("trainer") {
     fs::remove_all(root);
   }
 }
+
+TEST_SUITE("trainer") {
+  TEST_CASE("anomaly mode stops the run at the first NaN and names its module") {
+    setup s(4);
+    {
+      torch::NoGradGuard no_grad;
+      s.model->layers[3]->as<torch::nn::Linear>()->weight.index_put_({0, 0}, std::nan(""));
+    }
+    auto settings = settings_for({}, 20);
+    settings.options.diagnostics.anomaly = true;
+    trainer_t t(settings);
+    CHECK_THROWS_WITH_AS(t.fit(s.model, s.loader), doctest::Contains("layers.3"), kiln::anomaly_error);
+  }
+
+  TEST_CASE("diagnostics: masked attention (-inf before softmax) is not a NaN; gradient health is reported") {
+    torch::manual_seed(0);
+    kiln::models::gpt model(kiln::models::gpt_settings{.vocab_size = 16, .seq_len = 8, .d_model = 16, .n_layer = 1, .n_head = 2});
+    kiln::data::batch_loader loader(kiln::data::make_token_sequences(64, 8, 16, 1), {.batch_size = 8});
+    auto dir = fresh_dir("gradients");
+    auto settings = settings_for(dir, 4);
+    settings.options.diagnostics.every = 2;
+    settings.options.diagnostics.anomaly = true;  // would throw on any NaN
+    trainer_t t(settings);
+    CHECK_NOTHROW(t.fit(model, loader));
+    std::ifstream in(dir / "gradients.jsonl");
+    int lines = 0, qkv = 0;
+    for (std::string line; std::getline(in, line); ++lines) qkv += line.find("\"module\": \"blocks.0.attn.qkv\"") != std::string::npos;
+    CHECK(qkv == 2);  // steps 2 and 4
+    CHECK(lines > 2);
+    fs::remove_all(dir);
+  }
+}

@@ -170,6 +170,19 @@ class profile {
     report.html.title = "kiln profile";
     report.print("\n=== kiln profile (" + std::string(kind) + ") ===\n");
     for_each([&](auto& c) { c.report(report); });
+    if (!gradients_.empty()) {
+      std::string text = "\ngradient health (last diagnostics step)\n";
+      char line[160];
+      for (const auto& g : gradients_) {
+        std::snprintf(line, sizeof line, "  %-28s grad norm %10.3e  update/weight %10.3e  %s\n", g.module.c_str(),
+                      g.grad_norm, g.update_ratio, g.finite ? "finite" : "NON-FINITE");
+        text += line;
+      }
+      for (const auto& w : warnings_) text += "  warning: " + w + "\n";
+      report.print(text);
+      report.html.gradients = gradients_;
+      report.html.warnings = warnings_;
+    }
     if (!dir.empty()) {
       write_html(dir / "report.html", report.html);
       report.files.push_back(dir / "report.html");
@@ -178,6 +191,14 @@ class profile {
       report.print("files:\n" + list);
     }
     last_report_ = report.html;
+  }
+
+  // The trainer's diagnostics, shown in the report when they ran.
+  template <class Health>
+  void set_gradient_health(const std::vector<Health>& rows, const std::vector<std::string>& warnings) {
+    gradients_.clear();
+    for (const auto& h : rows) gradients_.push_back({h.module, h.grad_norm, h.update_ratio, h.finite});
+    warnings_ = warnings;
   }
 
   const report_data& last_report() const { return last_report_; }
@@ -213,6 +234,8 @@ class profile {
   std::int64_t step_index_ = 0;
   bool participating_ = true;
   report_data last_report_;
+  std::vector<module_health> gradients_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace kiln::profiler

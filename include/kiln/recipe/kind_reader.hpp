@@ -12,6 +12,7 @@
 
 #include "kiln/errors.hpp"
 #include "kiln/recipe/kinds.hpp"
+#include "kiln/recipe/toml_visitors.hpp"
 
 namespace kiln::detail {
 
@@ -35,7 +36,8 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
   }
   auto value = node.value<std::string>();
   if (!value)
-    throw config_error(where + ": " + key + ": expected a string" + (axis == "profiler" ? " or an array of strings" : ""));
+    throw config_error(where + ": " + key + ": expected a string" + (axis == "profiler" ? " or an array of strings" : "") +
+                       ", got " + toml_type_name(node));
   if (!find_policy_kind(axis, *value))
     throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + kinds_on_axis(axis));
   return *value;

@@ -18,6 +18,7 @@
 
 #include <toml++/toml.h>
 
+#include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/cnn.hpp"
 #include "kiln/models/gpt.hpp"
@@ -137,6 +138,7 @@ struct recipe {
   train_settings train;
   schedule_settings scheduler;
   run_settings run;
+  diagnostics_settings diagnostics;
   combination_kinds kinds;  // one per axis, in axis_names order
 
   toml::table document;  // the file with overrides applied; axis tables are read from it
@@ -171,6 +173,7 @@ struct recipe {
     section("train", train);
     section("scheduler", scheduler);
     section("run", run);
+    section("diagnostics", diagnostics);
     write_axes(out);
     return out.str();
   }
@@ -179,9 +182,10 @@ struct recipe {
 namespace detail {
 
 inline const std::set<std::string>& known_tables() {
-  static const std::set<std::string> tables = {"recipe",   "model",        "data",          "train",
-                                               "scheduler", "run",         "precision",     "accumulation",
-                                               "checkpointing", "sharding", "optimizer",    "profiler"};
+  static const std::set<std::string> tables = {"recipe",        "model",     "data",      "train",
+                                               "scheduler",     "run",       "diagnostics", "precision",
+                                               "accumulation",  "checkpointing", "sharding", "optimizer",
+                                               "profiler"};
   return tables;
 }
 
@@ -258,6 +262,7 @@ inline recipe load_recipe(const std::filesystem::path& file, const std::vector<s
   detail::read_table(r, "train", r.train);
   detail::read_table(r, "scheduler", r.scheduler);
   detail::read_table(r, "run", r.run);
+  detail::read_table(r, "diagnostics", r.diagnostics);
 
   for (std::size_t i = 0; i < axis_names.size(); ++i) {
     const std::string axis(axis_names[i]);

@@ -178,6 +178,7 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
   o.run_dir = r.run_dir();
   o.resume = r.run.resume == "auto";
   o.progress = request.progress;
+  o.diagnostics = r.diagnostics;
   o.recipe_text = resolved;
   o.fingerprint = fingerprint;
 
