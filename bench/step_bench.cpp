@@ -7,7 +7,8 @@
 // with AdamW, same threads, same data order. Rounds alternate kiln / hand-written so that
 // machine noise hits both alike; each round times S steps after a warmup. Reported: medians
 // over rounds, the median of per-round ratios, and the ratio of the best rounds (the run
-// least disturbed by neighbours on a shared machine). Output: one JSON object on stdout.
+// least disturbed by neighbours on a shared machine), then each profiler's cost as the median
+// ratio of kiln with it to kiln with profiler::none. Output: one JSON object on stdout.
 #include <kiln/kiln.hpp>
 
 #include <algorithm>
@@ -25,14 +26,18 @@ kiln::models::mlp_settings model_settings() {
   return {.in_features = 784, .hidden = {256, 256}, .classes = 10, .dropout = 0.1};
 }
 
-// kiln: the trainer owns the loop. Returns seconds per step.
+// kiln: the trainer owns the loop. Returns seconds per step. A profiler other than none is
+// active on every step (no wait, no warmup) and prints nothing.
+template <class Profiler = kiln::profiler::none>
 double time_kiln(const kiln::data::tensor_pair& train, std::int64_t steps, std::uint64_t seed) {
-  using trainer_t = kiln::trainer<kiln::optim::adamw>;
+  using trainer_t = kiln::trainer<kiln::optim::adamw, Profiler>;
   torch::manual_seed(seed);
   kiln::models::mlp model(model_settings());
   kiln::data::batch_loader loader(train, {.batch_size = 128, .seed = seed});
-  trainer_t::settings s;
+  typename trainer_t::settings s;
   s.accelerator.optimizer = {.lr = 1e-3, .weight_decay = 0.01};
+  if constexpr (Profiler::enabled)
+    s.accelerator.profiler = {.wait = 0, .warmup = 0, .active = 1 << 30, .repeat = 1, .print = false};
   s.options.steps = steps;
   s.options.log_every = 1000000;
   s.options.progress = false;
@@ -139,6 +144,20 @@ int main(int argc, char** argv) {
     kiln_s.push_back(k), hand_s.push_back(h), ratio.push_back(k / h);
     std::fprintf(stderr, "round %lld: kiln %.3f ms, hand-written %.3f ms, ratio %.3f\n", (long long)r, 1e3 * k, 1e3 * h, k / h);
   }
+  // Each profiler's cost: paired rounds of kiln with it against kiln with profiler::none.
+  auto overhead = [&](auto profiled) {
+    std::vector<double> ratios;
+    for (std::int64_t r = 0; r < std::max<std::int64_t>(5, rounds / 3); ++r) {
+      const double with = profiled(train, steps, 200 + r), without = time_kiln(train, steps, 200 + r);
+      ratios.push_back(with / without);
+    }
+    return median(ratios);
+  };
+  const double ops = overhead(time_kiln<kiln::profiler::ops>);
+  const double trace = overhead(time_kiln<kiln::profiler::trace>);
+  const double memory = overhead(time_kiln<kiln::profiler::memory>);
+  const double phases = overhead(time_kiln<kiln::profiler::phases>);
+
   std::int64_t parameters = 0;
   for (const auto& p : kiln::models::mlp(model_settings())->parameters()) parameters += p.numel();
   auto b = measure_bounds(parameters);
@@ -146,10 +165,11 @@ int main(int argc, char** argv) {
       "{\"threads\": %lld, \"steps\": %lld, \"rounds\": %lld, \"parameters\": %lld, "
       "\"kiln_ms\": %.4f, \"handwritten_ms\": %.4f, \"paired_ratio_median\": %.4f, \"best_ratio\": %.4f, "
       "\"gemm_gflops\": %.2f, \"bandwidth_gbs\": %.2f, \"step_gflop\": %.4f, \"optimizer_mb\": %.3f, "
-      "\"bound_compute_ms\": %.4f, \"bound_memory_ms\": %.4f}\n",
+      "\"bound_compute_ms\": %.4f, \"bound_memory_ms\": %.4f, "
+      "\"profiler_overhead\": {\"ops\": %.4f, \"trace\": %.4f, \"memory\": %.4f, \"phases\": %.4f}}\n",
       (long long)threads, (long long)steps, (long long)rounds, (long long)parameters, 1e3 * median(kiln_s),
       1e3 * median(hand_s), median(ratio), *std::min_element(kiln_s.begin(), kiln_s.end()) /
           *std::min_element(hand_s.begin(), hand_s.end()), b.gemm_gflops, b.bandwidth_gbs, b.step_gflop, b.optimizer_mb,
-      b.compute_ms, b.memory_ms);
+      b.compute_ms, b.memory_ms, ops, trace, memory, phases);
   return 0;
 }

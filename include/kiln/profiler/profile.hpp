@@ -44,6 +44,7 @@ struct profiler_settings {
   bool all_ranks = false;   // profile every rank, not only rank 0
   bool record_shapes = false;
   std::int64_t top = 20;  // rows of the printed op table
+  bool print = true;      // print the report at the end (files are written either way)
 
   template <class V>
   void describe(V& v) {
@@ -54,6 +55,7 @@ struct profiler_settings {
     v.field("all_ranks", all_ranks, "profile every rank, not only rank 0");
     v.field("record_shapes", record_shapes, "split operator statistics by input shapes");
     v.field("top", top, "operators in the printed table", kiln::checks::positive);
+    v.field("print", print, "print the report at the end of the run (files are written either way)");
   }
 };
 
@@ -88,7 +90,10 @@ struct profile_report {
   std::filesystem::path dir;
   report_data html;
   std::vector<std::filesystem::path> files;
-  void print(const std::string& text) const { std::fprintf(stderr, "%s", text.c_str()); }
+  bool quiet = false;
+  void print(const std::string& text) const {
+    if (!quiet) std::fprintf(stderr, "%s", text.c_str());
+  }
 };
 
 namespace detail {
@@ -166,6 +171,7 @@ class profile {
     if (!participating_) return;
     profile_report report;
     report.dir = dir;
+    report.quiet = !settings_.print;
     if (!dir.empty()) std::filesystem::create_directories(dir);
     report.html.title = "kiln profile";
     report.print("\n=== kiln profile (" + std::string(kind) + ") ===\n");
