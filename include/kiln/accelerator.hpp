@@ -76,11 +76,13 @@ class accelerator {
     sharding_.prepare(model);
     named_params_.clear();
     params_.clear();
-    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-      if (!item.value().requires_grad()) continue;
-      named_params_.emplace_back(item.key(), item.value());
-      params_.push_back(item.value());
-    }
+    for (const auto& item : model.named_parameters(/*recurse=*/true))
+      if (item.value().requires_grad()) named_params_.emplace_back(item.key(), item.value());
+    // A precision policy may keep the weights the optimizer updates apart from the model's
+    // (bf16-pure: fp32 masters of bf16 parameters).
+    if constexpr (requires { precision_.prepare(model, named_params_); })
+      named_params_ = precision_.prepare(model, named_params_);
+    for (const auto& [name, p] : named_params_) params_.push_back(p);
     optimizer_.attach(named_params_);
     micro_ = 0;
   }
@@ -125,6 +127,7 @@ class accelerator {
         result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
       optimizer_.set_lr(result.lr);
       optimizer_.step();
+      if constexpr (requires { precision_.after_step(); }) precision_.after_step();
       result.stepped = true;
     } else {
       result.skipped = true;

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -25,5 +26,54 @@ auto optimizer_state_key(const StateMap&, const torch::Tensor& param) {
   else
     return static_cast<key_type>(param.unsafeGetTensorImpl());
 }
+
+// Autocast state per device. LibTorch 2.4 replaced the per-device functions (set_cpu_enabled,
+// set_autocast_cpu_dtype, ...) with ones taking the device type; the old names remain only as
+// deprecated wrappers.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+inline void set_autocast_enabled(c10::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+inline at::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+inline bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+inline void set_autocast_enabled(c10::DeviceType d, bool on) {
+  if (d == c10::DeviceType::CPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
+  if (d == c10::DeviceType::CPU) at::autocast::set_autocast_cpu_dtype(t);
+  else at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+
+// An autocast region for one device and dtype, restoring the previous state when it ends and
+// clearing the cast-weight cache when the outermost region ends (as torch.autocast does).
+class autocast_scope {
+ public:
+  autocast_scope(c10::DeviceType device, at::ScalarType dtype)
+      : device_(device), was_enabled_(autocast_enabled(device)), previous_dtype_(autocast_dtype(device)) {
+    set_autocast_dtype(device, dtype);  // throws on a dtype the backend does not support
+    set_autocast_enabled(device, true);
+    at::autocast::increment_nesting();
+  }
+  autocast_scope(const autocast_scope&) = delete;
+  autocast_scope& operator=(const autocast_scope&) = delete;
+  ~autocast_scope() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    set_autocast_enabled(device_, was_enabled_);
+    set_autocast_dtype(device_, previous_dtype_);
+  }
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  at::ScalarType previous_dtype_;
+};
 
 }  // namespace kiln::detail

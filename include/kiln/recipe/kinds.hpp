@@ -25,6 +25,9 @@ struct policy_kind {
 // The first entry of each axis is its default (kiln::defaults in kiln/policies.hpp).
 inline constexpr policy_kind policy_kinds[] = {
     {"precision", "fp32", "kiln::precision::fp32"},
+    {"precision", "bf16", "kiln::precision::bf16"},
+    {"precision", "fp16", "kiln::precision::fp16"},
+    {"precision", "bf16-pure", "kiln::precision::bf16_pure"},
     {"accumulation", "steps", "kiln::accumulation::steps"},
     {"checkpointing", "none", "kiln::checkpointing::none"},
     {"sharding", "single", "kiln::sharding::single"},

@@ -1,0 +1,211 @@
+// Precision policies: the loss scaler against a hand-computed scale sequence, a planted Inf
+// that skips exactly one step, bf16 autocast dtypes, bf16 and bf16-pure accuracy against fp32 on
+// Fashion-MNIST, and master weights that keep updates bf16 would round away.
+// kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
+#include <kiln/kiln.hpp>
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+namespace {
+
+// fp32 compute with GradScaler-style loss scaling: the scaler's path through the accelerator,
+// testable on a CPU where fp16 autocast does not exist.
+struct scaled_fp32 {
+  using axis = kiln::axis::precision;
+  static constexpr std::string_view kind = "scaled-fp32";
+  struct settings : kiln::loss_scaler_settings {};
+  explicit scaled_fp32(const settings& s) : scaler(s) {}
+  kiln::precision::fp32::scope autocast() const { return {}; }
+  torch::Tensor scale(const torch::Tensor& loss) const { return scaler.scale(loss); }
+  bool unscale_and_check(std::vector<torch::Tensor>& p) { return scaler.unscale_and_check(p); }
+  void update(bool finite) { scaler.update(finite); }
+  kiln::loss_scaler scaler;
+};
+
+kiln::models::mlp small_mlp() {
+  torch::manual_seed(0);
+  return kiln::models::mlp(kiln::models::mlp_settings{.in_features = 8, .hidden = {16}, .classes = 3});
+}
+
+}  // namespace
+
+TEST_SUITE("precision") {
+  TEST_CASE("loss scaler: the scale sequence of a scripted series of finite and non-finite steps") {
+    kiln::loss_scaler scaler({.init_scale = 1024, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 3});
+    const std::vector<bool> finite = {true, true, true, true, false, true, true, true, false, false, true};
+    // hand-computed: grow after 3 finite in a row, halve on each overflow (and restart the count)
+    const std::vector<double> expected = {1024, 1024, 2048, 2048, 1024, 1024, 1024, 2048, 1024, 512, 512};
+    for (std::size_t i = 0; i < finite.size(); ++i) {
+      scaler.update(finite[i]);
+      CHECK_MESSAGE(scaler.scale() == expected[i], "after step " << i);
+    }
+    kiln::loss_scaler defaults;
+    CHECK(defaults.scale() == 65536.0);
+    for (int i = 0; i < 1999; ++i) defaults.update(true);
+    CHECK(defaults.scale() == 65536.0);
+    defaults.update(true);
+    CHECK(defaults.scale() == 131072.0);
+
+    kiln::state_dict state;
+    scaler.save_state(state, "p/");
+    kiln::loss_scaler restored;
+    restored.load_state(state, "p/");
+    CHECK(restored.scale() == scaler.scale());
+    CHECK(restored.growth_tracker() == scaler.growth_tracker());
+  }
+
+  TEST_CASE("a planted Inf gradient skips exactly that optimizer step and halves the scale") {
+    auto model = small_mlp();
+    auto data = kiln::data::make_classification(32, 8, 3, 1);
+    kiln::accelerator<scaled_fp32, kiln::optim::sgd> acc({.precision = {{.init_scale = 256}},
+                                                          .optimizer = {.lr = 0.1, .momentum = 0.0}});
+    acc.prepare(model);
+    auto loss = [&] { return torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets); };
+
+    // step 1: finite; the update equals plain SGD on the unscaled gradient
+    auto before = model->layers[0]->as<torch::nn::Linear>()->weight.detach().clone();
+    acc.backward(loss());
+    auto r1 = acc.step();
+    CHECK(r1.stepped);
+    CHECK(acc.precision().scaler.scale() == 256);
+
+    // step 2: an Inf planted in one gradient
+    auto snapshot = model->layers[0]->as<torch::nn::Linear>()->weight.detach().clone();
+    acc.backward(loss());
+    model->layers[2]->as<torch::nn::Linear>()->weight.mutable_grad().index_put_({0, 0}, INFINITY);
+    auto r2 = acc.step();
+    CHECK(r2.skipped);
+    CHECK_FALSE(r2.stepped);
+    CHECK(acc.precision().scaler.scale() == 128);
+    CHECK(torch::equal(model->layers[0]->as<torch::nn::Linear>()->weight, snapshot));  // no update
+    CHECK_FALSE(torch::equal(snapshot, before));                                     // step 1 did update
+
+    // step 3: finite again, steps
+    acc.backward(loss());
+    CHECK(acc.step().stepped);
+    CHECK(acc.optimizer_steps() == 3);
+  }
+
+  TEST_CASE("unscaled gradients equal the unscaled-loss gradients") {
+    auto a = small_mlp(), b = small_mlp();
+    auto data = kiln::data::make_classification(32, 8, 3, 2);
+    scaled_fp32 policy({{.init_scale = 1024}});
+    auto la = torch::nn::functional::cross_entropy(a->forward(data.inputs), data.targets);
+    policy.scale(la).backward();
+    auto params = a->parameters();
+    CHECK(policy.unscale_and_check(params));
+    torch::nn::functional::cross_entropy(b->forward(data.inputs), data.targets).backward();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      CHECK((params[i].grad() - b->parameters()[i].grad()).abs().max().item<double>() <= 1e-7);
+  }
+
+  TEST_CASE("fp16 on a machine without CUDA is refused with the reason") {
+    if (torch::cuda::is_available()) return;
+    auto start_fp16 = [] { kiln::precision::fp16 policy(kiln::precision::fp16::settings{}); };
+    CHECK_THROWS_WITH_AS(start_fp16(), doctest::Contains("needs CUDA"), kiln::config_error);
+  }
+
+  TEST_CASE("under bf16 autocast matmul outputs are bf16, the loss fp32, parameters fp32") {
+    auto model = small_mlp();
+    kiln::accelerator<kiln::precision::bf16> acc;
+    acc.prepare(model);
+    auto data = kiln::data::make_classification(16, 8, 3, 3);
+    torch::Tensor logits, loss;
+    {
+      auto cast = acc.autocast();
+      logits = model->forward(data.inputs);
+      loss = torch::nn::functional::cross_entropy(logits, data.targets);
+    }
+    CHECK((logits.scalar_type() == torch::kBFloat16));
+    CHECK((loss.scalar_type() == torch::kFloat32));
+    for (const auto& p : model->parameters()) CHECK((p.scalar_type() == torch::kFloat32));
+    // the scope ends cleanly: no autocast outside it
+    CHECK((model->forward(data.inputs).scalar_type() == torch::kFloat32));
+    acc.backward(loss);
+    for (const auto& p : model->parameters()) CHECK((p.grad().scalar_type() == torch::kFloat32));
+  }
+
+  TEST_CASE("bf16-pure: bf16 parameters and activations, fp32 masters in the optimizer") {
+    auto model = small_mlp();
+    kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::adamw> acc;
+    acc.prepare(model);
+    for (const auto& p : model->parameters()) CHECK((p.scalar_type() == torch::kBFloat16));
+    for (const auto& p : acc.parameters()) CHECK((p.scalar_type() == torch::kFloat32));
+    auto data = kiln::data::make_classification(16, 8, 3, 3);
+    torch::Tensor logits, loss;
+    {
+      auto cast = acc.autocast();
+      logits = model->forward(data.inputs);
+      loss = torch::nn::functional::cross_entropy(logits, data.targets);
+    }
+    CHECK((logits.scalar_type() == torch::kBFloat16));
+    CHECK((loss.scalar_type() == torch::kFloat32));
+    acc.backward(loss);
+    CHECK(acc.step().stepped);
+    // the model holds the masters rounded to bf16
+    for (std::size_t i = 0; i < acc.parameters().size(); ++i)
+      CHECK(torch::equal(model->parameters()[i], acc.parameters()[i].to(torch::kBFloat16)));
+  }
+
+  TEST_CASE("bf16-pure makes progress at a learning rate where bf16 updates round to zero") {
+    auto data = kiln::data::make_classification(256, 8, 3, 4);
+    auto loss_of = [&](kiln::models::mlp& m) {
+      return torch::nn::functional::cross_entropy(m->forward(data.inputs.to(torch::kBFloat16)), data.targets);
+    };
+    const double lr = 1e-4;  // |lr * grad| is far below half a bf16 ulp of the weights
+    // plain bf16: SGD straight on bf16 parameters
+    auto plain = small_mlp();
+    plain->to(torch::kBFloat16);
+    auto start = plain->layers[0]->as<torch::nn::Linear>()->weight.detach().clone();
+    torch::optim::SGD sgd(plain->parameters(), torch::optim::SGDOptions(lr));
+    for (int i = 0; i < 50; ++i) {
+      sgd.zero_grad();
+      loss_of(plain).backward();
+      sgd.step();
+    }
+    CHECK(torch::equal(plain->layers[0]->as<torch::nn::Linear>()->weight, start));  // nothing moved
+
+    // bf16-pure: the same updates accumulate in the fp32 masters
+    auto pure = small_mlp();
+    kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::sgd> acc({.optimizer = {.lr = lr, .momentum = 0.0}});
+    acc.prepare(pure);
+    const double first = loss_of(pure).item<double>();
+    const auto master_start = acc.parameters()[0].detach().clone();
+    for (int i = 0; i < 2000; ++i) {
+      acc.backward(loss_of(pure));
+      acc.step();
+    }
+    CHECK((acc.parameters()[0] - master_start).abs().max().item<double>() > 0);
+    CHECK_FALSE(torch::equal(pure->layers[0]->as<torch::nn::Linear>()->weight, start));
+    CHECK(loss_of(pure).item<double>() < first);
+  }
+
+  TEST_CASE("bf16 and bf16-pure reach fp32's Fashion-MNIST accuracy within 0.5 points") {
+    const std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
+    if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) return;
+    auto train = kiln::data::load_fashion_mnist(dir, kiln::data::split::train);
+    auto test = kiln::data::load_fashion_mnist(dir, kiln::data::split::test);
+    auto accuracy = [&]<class Precision>(Precision*) {
+      using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
+      torch::manual_seed(0);
+      kiln::models::mlp model(kiln::models::mlp_settings{.hidden = {256, 256}, .dropout = 0.1});
+      kiln::data::batch_loader loader(train, {.batch_size = 128, .seed = 0});
+      typename trainer_t::settings s;
+      s.accelerator.optimizer.lr = 1e-3;
+      s.accelerator.scheduler = {.kind = "cosine", .warmup_steps = 100};
+      s.options.steps = 2 * 468;
+      s.options.progress = false;
+      trainer_t t(s);
+      return t.fit(model, loader, &test).final_eval.accuracy;
+    };
+    const double fp32 = accuracy((kiln::precision::fp32*)nullptr);
+    const double bf16 = accuracy((kiln::precision::bf16*)nullptr);
+    const double pure = accuracy((kiln::precision::bf16_pure*)nullptr);
+    MESSAGE("fp32 " << fp32 << ", bf16 " << bf16 << ", bf16-pure " << pure);
+    CHECK(fp32 > 0.85);
+    CHECK(std::abs(bf16 - fp32) <= 0.005);
+    CHECK(std::abs(pure - fp32) <= 0.005);
+  }
+}
