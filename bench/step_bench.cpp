@@ -1,7 +1,7 @@
 // kiln_bench_step: the quickstart model's training step in kiln's trainer against the same
 // loop written by hand in LibTorch, plus the machine's bounds for that step.
 //
-//   kiln_bench_step --threads N --steps S --rounds R   (bench/run drives it; see bench/README.md)
+//   kiln_bench_step --threads N --steps S --rounds R   (bench/run drives it; see README.md, Benchmarks)
 //
 // Both loops train the same MLP (784-256-256-10, dropout 0.1) on Fashion-MNIST batches of 128
 // with AdamW, same threads, same data order. Rounds alternate kiln / hand-written so that

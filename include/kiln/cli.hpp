@@ -147,7 +147,7 @@ inline int list_runs(const std::filesystem::path& root) {
 
 // Two cores shared by LibTorch's OpenMP threads and OpenBLAS's own threads: with libgomp's
 // default (active) waiting, each spins while the other works, and an MLP step ran 12x slower
-// with 2 threads than with 1 (bench/README.md). Passive waiting removes that. libgomp reads
+// with 2 threads than with 1 (README.md, "This machine, and threads"). Passive waiting removes that. libgomp reads
 // the variable when it loads, before main(), so the CLI sets it and re-executes itself once;
 // an explicit OMP_WAIT_POLICY from the user is left alone.
 inline void ensure_passive_openmp_wait(char** argv) {

@@ -1,0 +1,86 @@
+"""The mixed-precision recipe's GPT in Python PyTorch, fp32 and bf16 autocast, for kiln's
+precision benchmark. Same model shape, data shape, AdamW, threads; prints one JSON object per
+precision with the median ms/step.
+
+    /usr/bin/python3 bench/precision_bench.py --threads 2 --steps 50 --rounds 5
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        att = self.drop(torch.softmax(att.masked_fill(mask, float("-inf")), -1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=64, seq=64, d=128, layers=4, heads=4, dropout=0.1):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        h = self.drop(self.tok(x) + self.pos(torch.arange(x.shape[1])))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln(h))
+
+
+def time_steps(precision, steps, seed):
+    torch.manual_seed(seed)
+    model = GPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 64, (4096, 65))
+    start = time.perf_counter()
+    for step in range(steps):
+        batch = tokens[(step * 32) % 4096:(step * 32) % 4096 + 32]
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 64), batch[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    return (time.perf_counter() - start) / steps
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for precision in ("fp32", "bf16"):
+        time_steps(precision, 5, 0)  # warmup
+        times = [time_steps(precision, args.steps, r) for r in range(args.rounds)]
+        print(json.dumps({"precision": precision, "python_ms": 1e3 * statistics.median(times)}))
+
+
+if __name__ == "__main__":
+    main()
