@@ -146,6 +146,7 @@ class progress_display {
     if (interactive_ && drawn_) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "%s\n", text.c_str());
     std::fflush(stderr);
+    drawn_ = false;  // the live line was replaced; the next update draws it again
   }
 
   void end() {
