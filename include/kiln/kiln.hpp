@@ -13,7 +13,11 @@
 #include "kiln/policies.hpp"
 
 #include "kiln/accumulation/steps.hpp"
+#include "kiln/checkpointing/blocks.hpp"
+#include "kiln/checkpointing/checkpoint.hpp"
+#include "kiln/checkpointing/every_nth.hpp"
 #include "kiln/checkpointing/none.hpp"
+#include "kiln/checkpointing/selective.hpp"
 #include "kiln/optim/adamw.hpp"
 #include "kiln/optim/sgd.hpp"
 #include "kiln/precision/bf16.hpp"

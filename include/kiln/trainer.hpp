@@ -65,7 +65,8 @@ inline torch::Tensor classification_loss(const torch::Tensor& logits, const torc
 inline std::filesystem::path keep_previous_run(const std::filesystem::path& dir) {
   for (int i = 1;; ++i) {
     auto kept = dir;
-    kept += "." + std::to_string(i);
+    kept += '.';
+    kept += std::to_string(i);
     if (!std::filesystem::exists(kept)) {
       std::filesystem::rename(dir, kept);
       return kept;

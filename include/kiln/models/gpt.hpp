@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 
+#include "kiln/checkpointing/checkpoint.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/recipe/fields.hpp"
 
@@ -62,7 +63,7 @@ inline models::gpt_settings checked_gpt_settings(models::gpt_settings settings) 
 namespace kiln::models {
 
 // Multi-head self-attention where position t sees only positions <= t.
-class causal_self_attention_impl : public torch::nn::Module {
+class causal_self_attention_impl : public torch::nn::Module, public kiln::checkpointable {
  public:
   explicit causal_self_attention_impl(const gpt_settings& s)
       : n_head_(s.n_head), d_model_(s.d_model), seq_len_(s.seq_len) {
@@ -70,10 +71,13 @@ class causal_self_attention_impl : public torch::nn::Module {
     proj = register_module("proj", torch::nn::Linear(s.d_model, s.d_model));
     attn_drop = register_module("attn_drop", torch::nn::Dropout(s.dropout));
     resid_drop = register_module("resid_drop", torch::nn::Dropout(s.dropout));
+    set_body([this](const torch::Tensor& x) { return attend(x); });
   }
 
-  // x: [B, T, d_model] -> [B, T, d_model]
-  torch::Tensor forward(const torch::Tensor& x) {
+  // x: [B, T, d_model] -> [B, T, d_model]; recomputed in backward when checkpointed.
+  torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
+
+  torch::Tensor attend(const torch::Tensor& x) {
     const std::int64_t b = x.size(0), t = x.size(1), hd = d_model_ / n_head_;
     auto parts = qkv->forward(x).split(d_model_, -1);
     auto heads = [&](const torch::Tensor& p) { return p.view({b, t, n_head_, hd}).transpose(1, 2); };
@@ -105,36 +109,37 @@ class causal_self_attention_impl : public torch::nn::Module {
 };
 TORCH_MODULE_IMPL(causal_self_attention, causal_self_attention_impl);
 
-class gpt_mlp_impl : public torch::nn::Module {
+class gpt_mlp_impl : public torch::nn::Module, public kiln::checkpointable {
  public:
   explicit gpt_mlp_impl(const gpt_settings& s) {
     fc = register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model));
     proj = register_module("proj", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model));
     drop = register_module("drop", torch::nn::Dropout(s.dropout));
+    set_body([this](const torch::Tensor& x) { return drop->forward(proj->forward(torch::gelu(fc->forward(x)))); });
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
-    return drop->forward(proj->forward(torch::gelu(fc->forward(x))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE_IMPL(gpt_mlp, gpt_mlp_impl);
 
-class gpt_block_impl : public torch::nn::Module {
+class gpt_block_impl : public torch::nn::Module, public kiln::checkpointable {
  public:
   explicit gpt_block_impl(const gpt_settings& s) {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})));
     attn = register_module("attn", causal_self_attention(s));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})));
     mlp = register_module("mlp", gpt_mlp(s));
+    set_body([this](const torch::Tensor& x) {
+      auto h = x + attn->forward(ln1->forward(x));
+      return h + mlp->forward(ln2->forward(h));
+    });
   }
 
-  torch::Tensor forward(torch::Tensor x) {
-    x = x + attn->forward(ln1->forward(x));
-    return x + mlp->forward(ln2->forward(x));
-  }
+  // Recomputed in backward when a checkpointing policy selected this block.
+  torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   causal_self_attention attn{nullptr};

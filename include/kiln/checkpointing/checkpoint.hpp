@@ -1,0 +1,129 @@
+// kiln/checkpointing/checkpoint.hpp: recompute a module's forward in backward instead of
+// keeping its activations.
+//
+// kiln::checkpoint(fn, x, params) runs fn(x) without recording a graph, keeps only x, and in
+// backward reruns fn(x) with grad on and takes the gradients of x and of params from that rerun.
+// So that the rerun computes what the original did:
+//   - the CPU RNG state at the original forward is restored around the rerun (dropout draws the
+//     same masks), and the caller's RNG stream continues as if nothing had been rerun;
+//   - the rerun happens under the autocast state of the original forward.
+// The parameters are inputs of the autograd node, so their gradients flow through the normal
+// AccumulateGrad path (gradient hooks fire, as sharding needs), and the output requires grad
+// even when x does not (the first block's input, say).
+//
+// A module opts in by deriving from kiln::checkpointable and calling run_checkpointed() in its
+// forward; the checkpointing policies switch it on by name (kiln/checkpointing/blocks.hpp).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/detail/compat.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+struct autocast_state {
+  bool cpu_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  static autocast_state current() {
+    return {autocast_enabled(c10::DeviceType::CPU), autocast_dtype(c10::DeviceType::CPU)};
+  }
+};
+
+class checkpoint_function : public torch::autograd::Function<checkpoint_function> {
+ public:
+  using forward_fn = std::function<torch::Tensor(const torch::Tensor&)>;
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               torch::TensorList params, const forward_fn* fn) {
+    ctx->saved_data["fn"] = reinterpret_cast<std::int64_t>(fn);
+    ctx->saved_data["rng"] = at::Generator(at::globalContext().defaultGenerator(torch::kCPU)).get_state();
+    const auto cast = autocast_state::current();
+    ctx->saved_data["autocast"] = cast.cpu_enabled;
+    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(cast.cpu_dtype);
+    ctx->saved_data["x_requires_grad"] = x.requires_grad();
+    std::vector<torch::Tensor> saved{x};
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    torch::NoGradGuard no_grad;
+    return (*fn)(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto* fn = reinterpret_cast<const forward_fn*>(ctx->saved_data["fn"].toInt());
+    const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0].detach().requires_grad_(x_requires_grad);
+
+    // Rerun with the original RNG state, then put the caller's state back.
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    const auto caller_rng = generator.get_state();
+    generator.set_state(ctx->saved_data["rng"].toTensor());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad(true);
+      std::optional<autocast_scope> cast;
+      if (ctx->saved_data["autocast"].toBool())
+        cast.emplace(c10::DeviceType::CPU, static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      out = (*fn)(x);
+    }
+    generator.set_state(caller_rng);
+
+    // Gradients of x and of the parameters from the rerun's graph; the engine accumulates the
+    // parameters' ones through their AccumulateGrad nodes, hooks included.
+    std::vector<torch::Tensor> wrt;
+    if (x_requires_grad) wrt.push_back(x);
+    for (std::size_t i = 1; i < saved.size(); ++i) wrt.push_back(saved[i]);
+    auto grads = wrt.empty() ? torch::autograd::variable_list{}
+                             : torch::autograd::grad({out}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
+                                                     /*create_graph=*/false, /*allow_unused=*/true);
+    torch::autograd::variable_list result;  // x, each parameter, then the (non-tensor) function
+    std::size_t next = 0;
+    result.push_back(x_requires_grad ? grads[next++] : torch::Tensor());
+    for (std::size_t i = 1; i < saved.size(); ++i) result.push_back(grads[next++]);
+    result.emplace_back();
+    return result;
+  }
+};
+
+}  // namespace detail
+
+// fn(x) whose activations are recomputed in backward. `params` are the parameters fn reads
+// (those requiring grad); `fn` must outlive the backward pass (a module's member, say).
+inline torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& x,
+                                const std::vector<torch::Tensor>& params) {
+  if (!torch::GradMode::is_enabled()) return fn(x);  // evaluation: nothing to save anyway
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : params)
+    if (p.requires_grad()) trainable.push_back(p);
+  return detail::checkpoint_function::apply(x, torch::TensorList(trainable), &fn);
+}
+
+// A module whose forward can be recomputed in backward. Derive from it, put the forward's
+// body in a member `forward_fn` and call run_checkpointed(x) from forward(); a checkpointing
+// policy switches it on with set_checkpointed(true).
+class checkpointable {
+ public:
+  virtual ~checkpointable() = default;
+  void set_checkpointed(bool on) { checkpointed_ = on; }
+  bool checkpointed() const { return checkpointed_; }
+
+ protected:
+  torch::Tensor run_checkpointed(torch::nn::Module& self, const torch::Tensor& x) {
+    if (!checkpointed_) return body_(x);
+    return checkpoint(body_, x, self.parameters());
+  }
+  void set_body(std::function<torch::Tensor(const torch::Tensor&)> body) { body_ = std::move(body); }
+
+ private:
+  bool checkpointed_ = false;
+  std::function<torch::Tensor(const torch::Tensor&)> body_;
+};
+
+}  // namespace kiln
