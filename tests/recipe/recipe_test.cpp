@@ -466,3 +466,15 @@ TEST_CASE("the resolved recipe holds every table with every value") {
 }
 
 }  // TEST_SUITE("recipe")
+
+TEST_CASE("a resolved recipe with combined profilers reads back as the same combination") {
+  temp_dir dir("profiler_round_trip");
+  const auto file = fs::path(KILN_SOURCE_DIR) / "recipes" / "profiling.toml";
+  auto r = kiln::load_recipe(file);
+  using trainer_t = kiln::trainer<kiln::optim::adamw, kiln::profiler::profile<kiln::profiler::ops_collector,
+                    kiln::profiler::trace_collector, kiln::profiler::memory_collector, kiln::profiler::phases_collector>>;
+  const auto text = kiln::resolve_recipe<trainer_t>(r).first;
+  CHECK(text.find("kind = [\"ops\", \"trace\", \"memory\", \"phases\"]") != std::string::npos);
+  auto again = kiln::load_recipe(dir.write("resolved.toml", text));
+  CHECK(again.kinds == r.kinds);
+}

@@ -89,7 +89,18 @@ inline torch::nn::AnyModule make_model(const recipe& r, const dataset_pair& data
 
 template <class Settings>
 void write_axis(std::ostream& out, std::string_view axis, std::string_view kind, Settings settings) {
-  out << "\n[" << axis << "]\nkind = \"" << kind << "\"\n";
+  out << "\n[" << axis << "]\nkind = ";
+  if (kind.find('+') == std::string_view::npos) {
+    out << '"' << kind << "\"\n";
+  } else {  // combined profilers, "ops+memory", read back as the list they came from
+    out << "[";
+    for (std::size_t at = 0; at != std::string_view::npos;) {
+      const auto plus = kind.find('+', at);
+      out << (at ? ", \"" : "\"") << kind.substr(at, plus == std::string_view::npos ? plus : plus - at) << '"';
+      at = plus == std::string_view::npos ? plus : plus + 1;
+    }
+    out << "]\n";
+  }
   toml_writer writer(out);
   settings.describe(writer);
 }
