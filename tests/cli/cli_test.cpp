@@ -18,29 +18,13 @@
 // CHECK macros would otherwise replace doctest's CHECK without a word.
 #include <doctest/doctest.h>
 
+#include "../temp_dir.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& name) {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("kiln_cli_test_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    auto file = path / name;
-    std::ofstream(file) << text;
-    return file;
-  }
-};
+using kiln::test::temp_dir;
 
 struct cli_result {
   int status = -1;     // exit status; -1 when the process did not exit normally

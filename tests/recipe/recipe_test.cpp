@@ -16,31 +16,13 @@
 // CHECK macros would otherwise replace doctest's CHECK without a word.
 #include <doctest/doctest.h>
 
+#include "../temp_dir.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test case, removed at the end of it.
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& name) {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("kiln_recipe_test_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  // Writes `text` to <dir>/<name> and returns the path.
-  fs::path write(const std::string& name, const std::string& text) const {
-    auto file = path / name;
-    std::ofstream(file) << text;
-    return file;
-  }
-};
+using kiln::test::temp_dir;
 
 // The message of the config_error that `f` throws ("" when it throws nothing).
 template <class F>
