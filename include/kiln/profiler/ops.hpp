@@ -35,11 +35,8 @@ class ops_collector : public detail::op_sink {
   ~ops_collector() override { set_mode(profile_mode::off); }
 
   void set_mode(profile_mode mode) {
-    const bool was_installed = mode_ != profile_mode::off, install = mode != profile_mode::off;
     recording_ = mode == profile_mode::active;  // warmup runs the callbacks and keeps nothing
-    mode_ = mode;
-    if (install && !was_installed) detail::op_observer::instance().add(this, settings_.record_shapes);
-    if (!install && was_installed) detail::op_observer::instance().remove(this);
+    observe(mode != profile_mode::off, settings_.record_shapes);
   }
   void begin(kiln::phase) {}
   void end(kiln::phase) {}
@@ -114,7 +111,6 @@ class ops_collector : public detail::op_sink {
 
  private:
   profiler_settings settings_;
-  profile_mode mode_ = profile_mode::off;
   bool recording_ = false;
   std::int64_t steps_ = 0;
   std::map<std::string, op_stats> stats_;

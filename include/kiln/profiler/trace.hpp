@@ -33,12 +33,9 @@ class trace_collector : public detail::op_sink {
   ~trace_collector() override { set_mode(profile_mode::off); }
 
   void set_mode(profile_mode mode) {
-    const bool was_installed = mode_ != profile_mode::off, install = mode != profile_mode::off;
     recording_ = mode == profile_mode::active;
     if (recording_) step_start_ = detail::now_us();
-    mode_ = mode;
-    if (install && !was_installed) detail::op_observer::instance().add(this, settings_.record_shapes);
-    if (!install && was_installed) detail::op_observer::instance().remove(this);
+    observe(mode != profile_mode::off, settings_.record_shapes);
   }
   void begin(kiln::phase p) { phase_start_[static_cast<int>(p)] = detail::now_us(); }
   void end(kiln::phase p) {
@@ -95,7 +92,6 @@ class trace_collector : public detail::op_sink {
 
  private:
   profiler_settings settings_;
-  profile_mode mode_ = profile_mode::off;
   bool recording_ = false;
   std::mutex mutex_;
   double phase_start_[8] = {};

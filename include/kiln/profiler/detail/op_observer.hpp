@@ -30,10 +30,20 @@ struct op_event {
   bool backward = false;  // an autograd function (e.g. AddmmBackward0)
 };
 
+class op_observer;
+
+// A collector of operator events. observe(true) registers it with the observer (installing the
+// callback if it is the first), observe(false) unregisters it; both are idempotent.
 class op_sink {
  public:
   virtual ~op_sink() = default;
   virtual void on_op(const op_event&) = 0;
+
+ protected:
+  inline void observe(bool on, bool shapes);
+
+ private:
+  bool observing_ = false;
 };
 
 inline double now_us() {
@@ -136,5 +146,12 @@ class op_observer {
   at::CallbackHandle handle_ = 0;
   bool shapes_ = false;
 };
+
+inline void op_sink::observe(bool on, bool shapes) {
+  if (on == observing_) return;
+  observing_ = on;
+  if (on) op_observer::instance().add(this, shapes);
+  else op_observer::instance().remove(this);
+}
 
 }  // namespace kiln::profiler::detail
