@@ -4,15 +4,21 @@
 //
 // Checkpointing: none / blocks / every-2nd, each the peak memory LibTorch allocates during one
 // training step above what the step started with (kiln::memory_meter, after a first step so that
-// gradients and optimizer state exist) and the median step time over R rounds of S steps.
-// Accumulation: N = 1, 2, 4 micro-batches of 16 sequences per optimizer step, same measures:
-// memory should stay flat in N and time grow linearly. Output: one JSON object per line.
+// gradients and optimizer state exist), the median step time over R rounds of S steps, and the
+// median over rounds of the step-time ratio to `none` (the cases take turns within each round).
+// The bound column is 1 + (recomputed share) x (forward time / step time) of `none`: what
+// recomputing costs if it costs exactly a forward pass. Accumulation: N = 1, 2, 4 micro-batches
+// of 16 sequences per optimizer step, same measures: memory should stay flat in N and time grow
+// linearly (ratio N). Output: one JSON object per line.
 #include <kiln/kiln.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace {
@@ -26,42 +32,91 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One configuration: its optimizer step, a forward-only pass (the recompute's cost), its peak.
+struct bench_case {
+  std::string name;
+  std::int64_t micro_steps = 1, micro_batch = 0;
+  std::int64_t peak_bytes = 0;
+  std::function<void()> step;
+  std::function<void()> forward;
+  std::vector<double> step_ms, forward_ms;
+};
+
 template <class Checkpointing>
-void measure(const char* name, const kiln::data::tensor_pair& data, std::int64_t micro_steps, std::int64_t batch,
-             typename Checkpointing::settings settings, std::int64_t steps, std::int64_t rounds) {
+bench_case make_case(std::string name, const kiln::data::tensor_pair& data, std::int64_t micro_steps,
+                     std::int64_t batch, typename Checkpointing::settings settings) {
+  struct state {
+    kiln::models::gpt model;
+    kiln::accelerator<kiln::optim::adamw, Checkpointing> acc;
+    kiln::data::batch_loader loader;
+  };
   torch::manual_seed(0);
-  kiln::models::gpt model(model_settings());
-  kiln::accelerator<kiln::optim::adamw, Checkpointing> acc(
-      {.accumulation = {.steps = micro_steps}, .checkpointing = settings, .optimizer = {.lr = 3e-4}});
-  acc.prepare(model);
-  kiln::data::batch_loader loader(data, {.batch_size = batch});
-  auto optimizer_step = [&] {
+  auto s = std::make_shared<state>(state{kiln::models::gpt(model_settings()),
+                                         decltype(state::acc)({.accumulation = {.steps = micro_steps},
+                                                               .checkpointing = settings,
+                                                               .optimizer = {.lr = 3e-4}}),
+                                         kiln::data::batch_loader(data, {.batch_size = batch})});
+  s->acc.prepare(s->model);
+  auto loss_of = [s](const kiln::data::batch& b) {
+    auto cast = s->acc.autocast();
+    return kiln::detail::classification_loss(s->model->forward(b.inputs), b.targets);
+  };
+  bench_case c{.name = std::move(name), .micro_steps = micro_steps, .micro_batch = batch};
+  c.step = [s, loss_of, micro_steps] {
     for (std::int64_t m = 0; m < micro_steps; ++m) {
-      auto b = loader.next();
-      torch::Tensor loss;
-      {
-        auto cast = acc.autocast();
-        auto logits = model->forward(b.inputs);
-        loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.targets.reshape({-1}));
-      }
-      acc.backward(loss);
-      acc.step();
+      s->acc.backward(loss_of(s->loader.next()));
+      s->acc.step();
     }
   };
-  optimizer_step();
+  c.forward = [s, loss_of] { (void)loss_of(s->loader.next()); };  // graph built, then freed
+  c.step();  // gradients and optimizer state exist from here on, as in training
   kiln::memory_meter meter;
   meter.start();
-  optimizer_step();
-  const auto peak = meter.peak();
+  c.step();
+  c.peak_bytes = meter.peak();
   meter.stop();
-  std::vector<double> times;
-  for (std::int64_t r = 0; r < rounds; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t s = 0; s < steps; ++s) optimizer_step();
-    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps);
-  }
-  std::printf("{\"case\": \"%s\", \"micro_steps\": %lld, \"micro_batch\": %lld, \"peak_step_bytes\": %lld, \"step_ms\": %.3f}\n",
-              name, (long long)micro_steps, (long long)batch, (long long)peak, median(times));
+  return c;
+}
+
+// Rounds interleave the cases, so each round's ratios compare runs made under the same load.
+void time_paired(std::vector<bench_case>& cases, std::int64_t steps, std::int64_t rounds) {
+  for (std::int64_t r = 0; r < rounds; ++r)
+    for (auto& c : cases) {
+      auto start = std::chrono::steady_clock::now();
+      for (std::int64_t s = 0; s < steps; ++s) c.step();
+      c.step_ms.push_back(milliseconds_since(start) / static_cast<double>(steps));
+      start = std::chrono::steady_clock::now();
+      for (std::int64_t s = 0; s < steps; ++s) c.forward();
+      c.forward_ms.push_back(milliseconds_since(start) / static_cast<double>(steps));
+    }
+}
+
+// Median over rounds of (case / first case of the group).
+double paired_ratio(const bench_case& c, const bench_case& base) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < c.step_ms.size(); ++r) ratios.push_back(c.step_ms[r] / base.step_ms[r]);
+  return median(ratios);
+}
+
+// Recomputing a share of the forward costs at least that share of a forward pass: the
+// physical bound on checkpointing's step-time ratio, from the same rounds.
+double recompute_bound(const bench_case& base, double recomputed_share) {
+  std::vector<double> bounds;
+  for (std::size_t r = 0; r < base.step_ms.size(); ++r)
+    bounds.push_back(1.0 + recomputed_share * base.forward_ms[r] / base.step_ms[r]);
+  return median(bounds);
+}
+
+void print(const char* group, const bench_case& c, const bench_case& base, double bound) {
+  std::printf(
+      "{\"group\": \"%s\", \"case\": \"%s\", \"micro_steps\": %lld, \"micro_batch\": %lld, \"peak_step_bytes\": %lld, "
+      "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"ratio\": %.4f, \"bound\": %.4f}\n",
+      group, c.name.c_str(), (long long)c.micro_steps, (long long)c.micro_batch, (long long)c.peak_bytes,
+      median(c.step_ms), median(c.forward_ms), paired_ratio(c, base), bound);
   std::fflush(stdout);
 }
 
@@ -77,9 +132,21 @@ int main(int argc, char** argv) {
   at::set_num_threads(static_cast<int>(threads));
   auto data = kiln::data::make_token_sequences(2048, 64, 64, 0);
   using namespace kiln::checkpointing;
-  measure<none>("checkpointing none", data, 1, 32, {}, steps, rounds);
-  measure<blocks>("checkpointing blocks", data, 1, 32, {}, steps, rounds);
-  measure<every_nth>("checkpointing every-2nd", data, 1, 32, {.every = 2}, steps, rounds);
-  for (std::int64_t n : {1, 2, 4}) measure<none>("accumulation", data, n, 16, {}, steps, rounds);
+
+  std::vector<bench_case> checkpointing;
+  checkpointing.push_back(make_case<none>("none", data, 1, 32, {}));
+  checkpointing.push_back(make_case<blocks>("blocks", data, 1, 32, {}));
+  checkpointing.push_back(make_case<every_nth>("every-2nd", data, 1, 32, {.every = 2}));
+  time_paired(checkpointing, steps, rounds);
+  const double recomputed[] = {0.0, 1.0, 0.5};
+  for (std::size_t i = 0; i < checkpointing.size(); ++i)
+    print("checkpointing", checkpointing[i], checkpointing[0], recompute_bound(checkpointing[0], recomputed[i]));
+  checkpointing.clear();
+
+  std::vector<bench_case> accumulation;
+  for (std::int64_t n : {1, 2, 4}) accumulation.push_back(make_case<none>("N=" + std::to_string(n), data, n, 16, {}));
+  time_paired(accumulation, steps, rounds);
+  // N micro-steps cost N times one: time linear in N, the bound is N.
+  for (auto& c : accumulation) print("accumulation", c, accumulation[0], static_cast<double>(c.micro_steps));
   return 0;
 }

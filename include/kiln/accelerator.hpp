@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/policies.hpp"
 #include "kiln/schedule.hpp"
@@ -67,7 +68,8 @@ class accelerator {
         checkpointing_(settings_.checkpointing),
         sharding_(settings_.sharding),
         optimizer_(settings_.optimizer),
-        profiler_(settings_.profiler) {}
+        profiler_(settings_.profiler),
+        window_(accumulation_.micro_steps()) {}
 
   // Wraps checkpointed blocks, places (or shards) the parameters, then builds the optimizer
   // over them: the order of DESIGN.md's step lifecycle.
@@ -85,6 +87,7 @@ class accelerator {
     for (const auto& [name, p] : named_params_) params_.push_back(p);
     optimizer_.attach(named_params_);
     micro_ = 0;
+    window_ = accumulation_.micro_steps();
   }
   template <class M>
   void prepare(torch::nn::ModuleHolder<M>& model) {
@@ -96,10 +99,22 @@ class accelerator {
 
   // True when the current micro-step is the last of its accumulation window: its backward
   // synchronises gradients and the following step() updates the parameters.
-  bool is_sync_step() const { return accumulation_.is_sync_step(micro_); }
+  bool is_sync_step() const { return micro_ == window_ - 1; }
 
-  void backward(const torch::Tensor& loss) {
-    auto scaled = precision_.scale(accumulation_.normalize(loss));
+  // Makes the window that starts now `micro_batches` long instead of the policy's N: an
+  // epoch's last, shorter window. Its gradient is still normalised over what it holds.
+  void begin_window(std::int64_t micro_batches) {
+    if (micro_ != 0) throw config_error("accelerator: begin_window() called in the middle of a window");
+    if (micro_batches < 1 || micro_batches > accumulation_.micro_steps())
+      throw config_error("accelerator: a window of " + std::to_string(micro_batches) +
+                         " micro-batches; expected 1 to " + std::to_string(accumulation_.micro_steps()));
+    window_ = micro_batches;
+  }
+
+  // `loss` is the mean over `items` of the accumulation policy's unit (samples or tokens; left
+  // at 1 when the policy normalises by micro-batches).
+  void backward(const torch::Tensor& loss, double items = 1.0) {
+    auto scaled = precision_.scale(accumulation_.normalize(loss, items));
     if (is_sync_step()) {
       scaled.backward();
       sharding_.finish_backward();
@@ -118,6 +133,13 @@ class accelerator {
       return last_ = result;
     }
     micro_ = 0;
+    window_ = accumulation_.micro_steps();
+    // Uneven micro-batches under sample/token normalisation; exactly 1.0 otherwise. (Once a
+    // sharding policy averages gradients over ranks, the window's counts are summed over ranks
+    // here too.)
+    if (const double correction = accumulation_.end_window(); correction != 1.0)
+      for (auto& p : params_)
+        if (p.grad().defined()) p.grad().mul_(correction);
     bool finite = precision_.unscale_and_check(params_);
     finite = sharding_.all_ranks_true(finite);  // every rank must skip the same steps
     precision_.update(finite);
@@ -167,12 +189,15 @@ class accelerator {
   void save_state(state_dict& state) const {
     state["accelerator/step"] = scalar_tensor(step_);
     save_policy_state(precision_, state, "precision/");
+    save_policy_state(accumulation_, state, "accumulation/");
     save_policy_state(optimizer_, state, "optim/");
   }
   void load_state(const state_dict& state) {
     step_ = require(state, "accelerator/step").template item<std::int64_t>();
     micro_ = 0;
+    window_ = accumulation_.micro_steps();
     load_policy_state(precision_, state, "precision/");
+    load_policy_state(accumulation_, state, "accumulation/");
     load_policy_state(optimizer_, state, "optim/");
   }
 
@@ -206,6 +231,7 @@ class accelerator {
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
   std::vector<torch::Tensor> params_;
   std::int64_t micro_ = 0;  // index of the current micro-step within its window
+  std::int64_t window_;      // micro-steps in the current window (the policy's N but at epoch ends)
   std::int64_t step_ = 0;   // completed accumulation windows
   step_result last_{};
 };

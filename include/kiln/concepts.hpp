@@ -29,6 +29,11 @@ struct profiler { static constexpr std::string_view name = "profiler"; };
 // Phases of a training step, as the profiler axis sees them.
 enum class phase { data, forward, backward, optimizer, communication, evaluation };
 
+// What the loss of one micro-batch is a mean over, as the accumulation axis normalises it:
+// the micro-batch itself (a plain mean over micro-batches), its samples, or its tokens
+// (targets other than the loss's ignore index, -100).
+enum class loss_unit { micro_batch, sample, token };
+
 // --- What every policy has -------------------------------------------------------------
 template <class P>
 concept names_an_axis = requires { typename P::axis; };
@@ -63,10 +68,11 @@ concept precision_policy =
 template <class P>
 concept accumulation_policy =
     policy_basics<P> && std::same_as<typename P::axis, axis::accumulation> &&
-    requires(const P& cp, const torch::Tensor& loss, std::int64_t micro) {
+    requires(P& p, const P& cp, const torch::Tensor& loss, double items) {
       { cp.micro_steps() } -> std::convertible_to<std::int64_t>;
-      { cp.is_sync_step(micro) } -> std::same_as<bool>;
-      { cp.normalize(loss) } -> std::convertible_to<torch::Tensor>;
+      { cp.unit() } -> std::same_as<loss_unit>;
+      { p.normalize(loss, items) } -> std::convertible_to<torch::Tensor>;  // loss to call backward on
+      { p.end_window() } -> std::convertible_to<double>;  // factor the window's gradients still need
     };
 
 // checkpointing: which sub-modules recompute their forward in backward.
@@ -172,10 +178,12 @@ consteval bool check_policy() {
   } else if constexpr (std::is_same_v<typename P::axis, axis::accumulation>) {
     static_assert(requires(const P& p) { { p.micro_steps() } -> std::convertible_to<std::int64_t>; },
                   "kiln: accumulation axis: policy is missing `std::int64_t micro_steps() const`");
-    static_assert(requires(const P& p, std::int64_t m) { { p.is_sync_step(m) } -> std::same_as<bool>; },
-                  "kiln: accumulation axis: policy is missing `bool is_sync_step(std::int64_t micro) const`");
-    static_assert(requires(const P& p, const torch::Tensor& t) { { p.normalize(t) } -> std::convertible_to<torch::Tensor>; },
-                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss) const`");
+    static_assert(requires(const P& p) { { p.unit() } -> std::same_as<loss_unit>; },
+                  "kiln: accumulation axis: policy is missing `kiln::loss_unit unit() const`");
+    static_assert(requires(P& p, const torch::Tensor& t) { { p.normalize(t, 1.0) } -> std::convertible_to<torch::Tensor>; },
+                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss, double items)`");
+    static_assert(requires(P& p) { { p.end_window() } -> std::convertible_to<double>; },
+                  "kiln: accumulation axis: policy is missing `double end_window()`");
     return accumulation_policy<P>;
   } else if constexpr (std::is_same_v<typename P::axis, axis::checkpointing>) {
     static_assert(requires(P& p, torch::nn::Module& m) { p.apply(m); },

@@ -57,8 +57,31 @@ torch::Tensor forward(Model& model, const torch::Tensor& inputs) {
   else return model->forward(inputs);
 }
 
+// Mean cross-entropy over the targets other than ignore_index (LibTorch's default, -100).
+inline constexpr std::int64_t ignore_index = -100;
 inline torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
+}
+
+// How many of the accumulation policy's units classification_loss() averaged over.
+inline double loss_items(loss_unit unit, const torch::Tensor& targets) {
+  switch (unit) {
+    case loss_unit::sample: return static_cast<double>(targets.size(0));
+    case loss_unit::token: return targets.ne(ignore_index).sum().item<double>();
+    case loss_unit::micro_batch: break;
+  }
+  return 1.0;
+}
+
+// Optimizer steps in one epoch of `batches` micro-batches: an epoch's last, shorter window
+// counts when it is stepped, not when the policy drops it.
+template <class Accumulation>
+std::int64_t optimizer_steps_per_epoch(const Accumulation& policy, std::int64_t batches) {
+  const std::int64_t n = policy.micro_steps();
+  bool drop = false;
+  if constexpr (requires { policy.drop_partial_window(); }) drop = policy.drop_partial_window();
+  return drop ? batches / n : (batches + n - 1) / n;
 }
 
 // Moves an unfinished-or-finished older run out of the way instead of overwriting it.
@@ -146,7 +169,12 @@ class trainer {
     for (auto& c : callbacks_) c->on_fit_begin(step, options_.steps);
 
     const auto micro_steps = acc.accumulation().micro_steps();
-    const auto steps_per_epoch = std::max<std::int64_t>(1, train.batches_per_epoch() / micro_steps);
+    const auto unit = acc.accumulation().unit();
+    bool drop_partial_window = false;
+    if constexpr (requires { acc.accumulation().drop_partial_window(); })
+      drop_partial_window = acc.accumulation().drop_partial_window();
+    const auto steps_per_epoch =
+        std::max<std::int64_t>(1, detail::optimizer_steps_per_epoch(acc.accumulation(), train.batches_per_epoch()));
     const auto eval_every = options_.eval_every > 0 ? options_.eval_every : steps_per_epoch;
     const auto started = std::chrono::steady_clock::now();
     auto& profiler = acc.profiler();
@@ -162,13 +190,21 @@ class trainer {
     }
 
     fit_summary summary;
-    torch::Tensor loss_sum;
+    torch::Tensor loss_sum;  // sum of micro-batch losses weighted by their items
     double loss_window = 0.0;  // sum of step losses since the last log line
     std::int64_t steps_in_window = 0;
     bool stop = false;
     while (step < options_.steps && !stop) {
       loss_sum = torch::Tensor();
-      for (std::int64_t micro = 0; micro < micro_steps; ++micro) {
+      double items_sum = 0;
+      // An epoch's last window may be short: stepped over what it holds, or skipped.
+      std::int64_t window = micro_steps;
+      if (const auto left = train.batches_left_in_epoch(); left > 0 && left < micro_steps) {
+        if (drop_partial_window) train.skip_rest_of_epoch();
+        else window = left;
+      }
+      if (window != micro_steps) acc.begin_window(window);
+      for (std::int64_t micro = 0; micro < window; ++micro) {
         if constexpr (profiler_t::enabled) profiler.begin(phase::data);
         auto batch = train.next();
         if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
@@ -179,10 +215,13 @@ class trainer {
           loss = detail::classification_loss(detail::forward(model, batch.inputs), batch.targets);
         }
         if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
-        acc.backward(loss);
+        const double items = detail::loss_items(unit, batch.targets);
+        acc.backward(loss, items);
         if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
         // Summed on the device, read once per step: no extra op without accumulation.
-        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+        auto weighted = items == 1.0 ? loss.detach() : loss.detach() * items;
+        loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+        items_sum += items;
         if (diag && acc.is_sync_step()) diag->after_backward(step + 1);  // gradients complete
         acc.step();
         if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
@@ -196,7 +235,7 @@ class trainer {
       info.step = step;
       info.total_steps = options_.steps;
       info.epoch = train.epoch();
-      info.loss = loss_sum.item<double>() / static_cast<double>(micro_steps);
+      info.loss = loss_sum.item<double>() / items_sum;
       info.lr = result.lr;
       info.grad_norm = result.grad_norm;
       info.skipped = result.skipped;

@@ -50,6 +50,87 @@ TEST_SUITE("accelerator") {
     CHECK(max_abs_diff(*one, *four) <= 1e-6);
   }
 
+  // Micro-batches of 10, 22, 14 and 18 samples: the gradient of their union is sum/64, not the
+  // mean of four means (transformers #34191).
+  TEST_CASE("uneven micro-batches under sample normalisation give the update of their union") {
+    auto data = kiln::data::make_classification(64, 12, 5, 11);
+    const std::int64_t bounds[] = {0, 10, 32, 46, 64};
+    auto run = [&](const std::string& normalize) {
+      auto model = small_mlp(3);
+      kiln::accelerator<kiln::optim::sgd> acc(
+          {.accumulation = {.steps = 4, .normalize = normalize}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
+      acc.prepare(model);
+      for (int micro = 0; micro < 4; ++micro) {
+        auto x = data.inputs.slice(0, bounds[micro], bounds[micro + 1]);
+        auto y = data.targets.slice(0, bounds[micro], bounds[micro + 1]);
+        acc.backward(loss_of(model, x, y), static_cast<double>(y.size(0)));
+        acc.step();
+      }
+      CHECK(acc.optimizer_steps() == 1);
+      return model;
+    };
+    auto one = small_mlp(3);
+    kiln::accelerator<kiln::optim::sgd> big({.optimizer = {.lr = 1.0, .momentum = 0.0}});
+    big.prepare(one);
+    big.backward(loss_of(one, data.inputs, data.targets));
+    big.step();
+
+    auto by_samples = run("samples");
+    CHECK(max_abs_diff(*one, *by_samples) <= 1e-6);
+    auto by_mean = run("mean");  // the reference is sharp enough to see the mean-of-means bias
+    CHECK(max_abs_diff(*one, *by_mean) > 1e-4);
+  }
+
+  // Sequences with padding (-100 targets) of different lengths: token normalisation gives the
+  // mean over all real tokens of the window, as one batch of the union does.
+  TEST_CASE("uneven token counts under token normalisation give the update of their union") {
+    torch::manual_seed(12);
+    const std::int64_t sequences = 16, length = 8, classes = 5;
+    auto inputs = torch::randn({sequences, length, 12});
+    auto targets = torch::randint(classes, {sequences, length}, torch::kInt64);
+    for (std::int64_t s = 0; s < sequences; ++s) targets[s].slice(0, 1 + (s * 5) % length) = -100;  // 1..8 real tokens
+    auto loss_fn = [](kiln::models::mlp& m, const torch::Tensor& x, const torch::Tensor& y) {
+      return kiln::detail::classification_loss(m->forward(x.reshape({-1, 12})), y);
+    };
+    auto one = small_mlp(5), four = small_mlp(5);
+    kiln::accelerator<kiln::optim::sgd> big({.optimizer = {.lr = 1.0, .momentum = 0.0}});
+    kiln::accelerator<kiln::optim::sgd> acc(
+        {.accumulation = {.steps = 4, .normalize = "tokens"}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
+    big.prepare(one);
+    acc.prepare(four);
+    big.backward(loss_fn(one, inputs, targets));
+    big.step();
+    const std::int64_t bounds[] = {0, 3, 9, 10, 16};
+    for (int micro = 0; micro < 4; ++micro) {
+      auto x = inputs.slice(0, bounds[micro], bounds[micro + 1]), y = targets.slice(0, bounds[micro], bounds[micro + 1]);
+      const double tokens = kiln::detail::loss_items(kiln::loss_unit::token, y);
+      CHECK(tokens == doctest::Approx(y.ne(-100).sum().item<double>()));
+      acc.backward(loss_fn(four, x, y), tokens);
+      CHECK(acc.step().stepped == (micro == 3));
+    }
+    CHECK(max_abs_diff(*one, *four) <= 1e-6);
+  }
+
+  TEST_CASE("a shortened window (an epoch's last) steps with the mean over what it holds") {
+    auto data = kiln::data::make_classification(48, 12, 5, 13);
+    auto one = small_mlp(7), three = small_mlp(7);
+    kiln::accelerator<kiln::optim::sgd> big({.optimizer = {.lr = 1.0, .momentum = 0.0}});
+    kiln::accelerator<kiln::optim::sgd> acc({.accumulation = {.steps = 4}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
+    big.prepare(one);
+    acc.prepare(three);
+    big.backward(loss_of(one, data.inputs, data.targets));
+    big.step();
+    acc.begin_window(3);
+    for (int micro = 0; micro < 3; ++micro) {
+      acc.backward(loss_of(three, data.inputs.slice(0, micro * 16, micro * 16 + 16),
+                           data.targets.slice(0, micro * 16, micro * 16 + 16)));
+      CHECK(acc.step().stepped == (micro == 2));
+    }
+    CHECK(max_abs_diff(*one, *three) <= 1e-6);
+    CHECK(acc.is_sync_step() == false);  // the next window is full length again
+    CHECK_THROWS_AS(acc.begin_window(5), kiln::config_error);
+  }
+
   TEST_CASE("accumulate() scopes step the optimizer at the end of each window") {
     auto data = kiln::data::make_classification(64, 12, 5, 2);
     auto model = small_mlp(4);

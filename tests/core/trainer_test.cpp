@@ -110,6 +110,35 @@ TEST_SUITE("trainer") {
     fs::remove_all(dir_b);
   }
 
+  // 20 batches per epoch, windows of 8: the epoch's last 4 batches are one short window when
+  // stepped, and are skipped when dropped; either way a window never spans two epochs.
+  TEST_CASE("an epoch's last, partial accumulation window is stepped or dropped by setting") {
+    for (const std::string epoch_end : {"step", "drop"}) {
+      setup s(1);
+      auto settings = settings_for({}, 4);
+      settings.accelerator.accumulation = {.steps = 8, .epoch_end = epoch_end};
+      trainer_t t(settings);
+      std::vector<std::pair<std::int64_t, std::int64_t>> positions;  // (epoch, batch) after each step
+      struct record : kiln::callback {
+        kiln::data::batch_loader* loader;
+        std::vector<std::pair<std::int64_t, std::int64_t>>* out;
+        kiln::control on_step_end(const kiln::step_info&) override {
+          out->emplace_back(loader->epoch(), loader->batch_in_epoch());
+          return kiln::control::proceed;
+        }
+      };
+      auto cb = std::make_shared<record>();
+      cb->loader = &s.loader;
+      cb->out = &positions;
+      t.add_callback(cb);
+      t.fit(s.model, s.loader);
+      using pos = std::vector<std::pair<std::int64_t, std::int64_t>>;
+      if (epoch_end == "step") CHECK((positions == pos{{0, 8}, {0, 16}, {0, 20}, {1, 8}}));
+      else CHECK((positions == pos{{0, 8}, {0, 16}, {1, 8}, {1, 16}}));
+      CHECK(kiln::detail::optimizer_steps_per_epoch(t.accel().accumulation(), 20) == (epoch_end == "step" ? 3 : 2));
+    }
+  }
+
   TEST_CASE("a resume into a run of a different recipe is refused") {
     auto dir = fresh_dir("other");
     {

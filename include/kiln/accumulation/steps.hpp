@@ -2,19 +2,36 @@
 // default of the accumulation axis and the template for writing your own.
 //
 // Required members (kiln::accumulation_policy in kiln/concepts.hpp):
-//   micro_steps()      how many micro-batches make one optimizer step;
-//   is_sync_step(m)    whether micro-step m (0-based within the window) is the one whose
-//                      backward synchronises gradients and after which the optimizer steps;
-//   normalize(loss)    the loss each micro-step calls backward on, so that the accumulated
-//                      gradient equals the gradient of the mean loss over the whole window.
+//   micro_steps()           how many micro-batches make one (full) optimizer step;
+//   unit()                  what the loss of one micro-batch is a mean over, so the caller knows
+//                           what to count: micro_batch (plain mean over micro-batches), sample,
+//                           or token (targets other than the ignore index);
+//   normalize(loss, items)  the loss to call backward on, for a micro-batch whose loss is the
+//                           mean over `items` units;
+//   end_window()            after the window's last backward: the factor the accumulated
+//                           gradients still need (exactly 1.0 when nothing is left to correct).
+// Optional: drop_partial_window() (an epoch's last, short window is skipped instead of
+// stepped), save_state/load_state.
+//
+// Why a correction factor: normalising by the window's total item count needs that total
+// before the first backward, i.e. all of the window's batches in hand. Instead each micro-batch
+// is weighted by items / (N x reference), the reference being the item count of the first
+// micro-batch of the run, and the gradients are multiplied by N x reference / total at the end.
+// When every micro-batch has the reference count (the usual fixed-shape case) that factor is
+// exactly 1.0 and costs nothing; otherwise one multiply per gradient tensor makes the window's
+// gradient exactly that of one batch of its union (transformers #34191). The loss magnitudes in
+// backward stay those of the plain mean, so fp16 loss scaling behaves as without accumulation.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/errors.hpp"
+#include "kiln/io/state.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::accumulation {
@@ -25,23 +42,65 @@ struct steps {
 
   struct settings {
     std::int64_t steps = 1;
+    std::string normalize = "mean";
+    std::string epoch_end = "step";
     template <class V>
     void describe(V& v) {
       v.field("steps", steps, "micro-batches per optimizer step (1 = no accumulation)", kiln::checks::positive);
+      v.field("normalize", normalize,
+              "loss normalisation over a window: \"mean\" of micro-batch losses, or by the total number of "
+              "\"samples\" or \"tokens\" in the window (exact for uneven micro-batches)",
+              kiln::checks::one_of({"mean", "samples", "tokens"}));
+      v.field("epoch_end", epoch_end,
+              "an epoch's last, shorter window: \"step\" it (normalised over what it holds) or \"drop\" it",
+              kiln::checks::one_of({"step", "drop"}));
     }
   };
 
-  explicit steps(const settings& s) : steps_(s.steps), inverse_(1.0 / static_cast<double>(s.steps)) {}
+  explicit steps(const settings& s)
+      : steps_(s.steps),
+        unit_(s.normalize == "samples"  ? loss_unit::sample
+              : s.normalize == "tokens" ? loss_unit::token
+                                        : loss_unit::micro_batch),
+        drop_partial_(s.epoch_end == "drop") {
+    if (auto e = kiln::checks::positive(s.steps)) throw config_error("accumulation.steps: " + *e);
+  }
 
   std::int64_t micro_steps() const { return steps_; }
-  bool is_sync_step(std::int64_t micro) const { return micro == steps_ - 1; }
+  loss_unit unit() const { return unit_; }
+  bool drop_partial_window() const { return drop_partial_; }
 
-  // Mean over micro-batches of equal size: each micro-step contributes 1/N of its mean loss.
-  torch::Tensor normalize(const torch::Tensor& loss) const { return steps_ == 1 ? loss : loss * inverse_; }
+  torch::Tensor normalize(const torch::Tensor& loss, double items) {
+    const double weight = unit_ == loss_unit::micro_batch ? 1.0 : items;
+    if (weight <= 0) throw data_error("accumulation: a micro-batch with no " + unit_name() + " to average over");
+    if (reference_ == 0) reference_ = weight;
+    window_ += weight;
+    if (steps_ == 1) return loss;  // the mean over one micro-batch is already right
+    return loss * (weight / (static_cast<double>(steps_) * reference_));
+  }
+
+  double end_window() {
+    const double factor = steps_ == 1 ? 1.0 : static_cast<double>(steps_) * reference_ / window_;
+    window_ = 0;
+    return factor;
+  }
+
+  // The reference weight is part of the run: a resumed run scales its micro-batches alike.
+  void save_state(state_dict& state, const std::string& prefix) const {
+    state[prefix + "reference"] = torch::tensor(reference_, torch::kFloat64);
+  }
+  void load_state(const state_dict& state, const std::string& prefix) {
+    if (auto it = state.find(prefix + "reference"); it != state.end()) reference_ = it->second.item<double>();
+  }
 
  private:
+  std::string unit_name() const { return unit_ == loss_unit::token ? "tokens" : "samples"; }
+
   std::int64_t steps_;
-  double inverse_;
+  loss_unit unit_;
+  bool drop_partial_;
+  double reference_ = 0;  // weight of the run's first micro-batch
+  double window_ = 0;     // weights seen in the current window
 };
 
 }  // namespace kiln::accumulation

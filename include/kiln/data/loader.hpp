@@ -53,6 +53,10 @@ class batch_loader {
   }
   std::int64_t epoch() const { return epoch_; }
   std::int64_t batch_in_epoch() const { return index_; }
+  // Batches next() returns before the next epoch starts (0 right at an epoch's end).
+  std::int64_t batches_left_in_epoch() const { return batches_per_epoch() - index_; }
+  // Ends the current epoch: the next batch is the first of the next one.
+  void skip_rest_of_epoch() { index_ = batches_per_epoch(); }
 
   // The next batch; rolls over into the next epoch (and its new order) at the end of one.
   batch next() {

@@ -173,11 +173,11 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
                                          .drop_last = true,
                                          .seed = static_cast<std::uint64_t>(r.train.seed),
                                          .delay_ms = r.data.delay_ms});
-  const auto micro_steps = settings.accelerator.accumulation.steps;
-  const auto steps_per_epoch = loader.batches_per_epoch() / micro_steps;
+  const typename Trainer::accelerator_t::accumulation_t accumulation(settings.accelerator.accumulation);
+  const auto steps_per_epoch = detail::optimizer_steps_per_epoch(accumulation, loader.batches_per_epoch());
   if (steps_per_epoch == 0)
-    throw config_error(r.file.string() + ": one optimizer step needs " + std::to_string(micro_steps) + " x " +
-                       std::to_string(r.data.batch_size) + " samples, more than the " +
+    throw config_error(r.file.string() + ": one optimizer step needs " + std::to_string(accumulation.micro_steps()) +
+                       " x " + std::to_string(r.data.batch_size) + " samples, more than the " +
                        std::to_string(loader.samples()) + " in the training set");
 
   auto& o = settings.options;
