@@ -136,9 +136,9 @@ TEST_SUITE("checkpointing") {
                          doctest::Contains("matches no module"), kiln::config_error);
     CHECK_THROWS_WITH_AS(kiln::checkpointing::selective({.modules = {"blocks.0.ln1"}}).apply(*gpt),
                          doctest::Contains("selects module blocks.0.ln1"), kiln::config_error);
-    CHECK(kiln::checkpointing::detail::glob_match("blocks.*.mlp", "blocks.12.mlp"));
-    CHECK_FALSE(kiln::checkpointing::detail::glob_match("blocks.*", "blocks.1.mlp"));
-    CHECK(kiln::checkpointing::detail::glob_match("**mlp", "blocks.1.mlp"));
+    CHECK(kiln::detail::glob_match("blocks.*.mlp", "blocks.12.mlp"));
+    CHECK_FALSE(kiln::detail::glob_match("blocks.*", "blocks.1.mlp"));
+    CHECK(kiln::detail::glob_match("**mlp", "blocks.1.mlp"));
   }
 
   TEST_CASE("a checkpointed GPT trains through the trainer like a plain one") {

@@ -6,11 +6,13 @@
 
 namespace {
 
+// hidden = 4000 gives a 40000-element weight: more than one thread chunk of the fused loops and
+// above adam8bit's 4096-element threshold; the small layers exercise the scalar tails.
 struct fixture {
   kiln::models::mlp model;
   kiln::data::tensor_pair data;
-  explicit fixture(std::uint64_t seed)
-      : model((torch::manual_seed(seed), kiln::models::mlp_settings{.in_features = 10, .hidden = {24}, .classes = 3})),
+  explicit fixture(std::uint64_t seed, std::int64_t hidden = 24)
+      : model((torch::manual_seed(seed), kiln::models::mlp_settings{.in_features = 10, .hidden = {hidden}, .classes = 3})),
         data(kiln::data::make_classification(48, 10, 3, seed)) {}
   torch::Tensor loss(int step) {
     auto x = data.inputs.slice(0, (step % 3) * 16, (step % 3) * 16 + 16);
@@ -25,17 +27,19 @@ std::vector<std::pair<std::string, torch::Tensor>> named(torch::nn::Module& m) {
   return out;
 }
 
+// Largest |a - b| of a tensor relative to its largest |b|, over all parameters: fused kernels
+// round differently from a chain of separate LibTorch ops (FMA, order), by about an ulp a step.
 double max_relative_diff(torch::nn::Module& a, torch::nn::Module& b) {
   double diff = 0;
   auto pa = a.parameters(), pb = b.parameters();
   for (std::size_t i = 0; i < pa.size(); ++i)
-    diff = std::max(diff, ((pa[i] - pb[i]).abs() / (pb[i].abs() + 1e-12)).max().item<double>());
+    diff = std::max(diff, (pa[i] - pb[i]).abs().max().item<double>() / pb[i].abs().max().item<double>());
   return diff;
 }
 
 template <class Policy, class Reference>
-void compare_for_100_steps(typename Policy::settings settings, Reference make_reference) {
-  fixture a(11), b(11);
+void compare_for_100_steps(typename Policy::settings settings, Reference make_reference, std::int64_t hidden = 24) {
+  fixture a(11, hidden), b(11, hidden);
   Policy policy(settings);
   policy.attach(named(*a.model));
   auto reference = make_reference(b.model->parameters());
@@ -50,11 +54,30 @@ void compare_for_100_steps(typename Policy::settings settings, Reference make_re
   CHECK(max_relative_diff(*a.model, *b.model) <= 1e-6);
 }
 
+// Trains `policy` and a reference rule written with plain tensor ops side by side.
+template <class Policy, class Rule>
+double diff_from_reference(typename Policy::settings settings, Rule reference_step, int steps, std::int64_t hidden) {
+  fixture a(13, hidden), b(13, hidden);
+  Policy policy(settings);
+  policy.attach(named(*a.model));
+  auto params = b.model->parameters();
+  for (int step = 1; step <= steps; ++step) {
+    policy.zero_grad();
+    a.loss(step).backward();
+    policy.step();
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    b.loss(step).backward();
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) reference_step(i, params[i], params[i].grad(), step);
+  }
+  return max_relative_diff(*a.model, *b.model);
+}
+
 // Trains k steps, saves the policy's state by name, loads it into a fresh policy over a copy of
 // the model, and checks that both continue identically.
 template <class Policy>
 void check_resume(typename Policy::settings settings) {
-  fixture a(21), b(21);
+  fixture a(21, 4000), b(21, 4000);
   Policy first(settings);
   first.attach(named(*a.model));
   for (int step = 0; step < 7; ++step) {
@@ -89,28 +112,205 @@ void check_resume(typename Policy::settings settings) {
 
 TEST_SUITE("optim") {
   TEST_CASE("adamw matches torch::optim::AdamW over 100 steps") {
-    compare_for_100_steps<kiln::optim::adamw>({.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-7, .weight_decay = 0.1},
-                                              [](std::vector<torch::Tensor> params) {
-                                                return torch::optim::AdamW(params, torch::optim::AdamWOptions(3e-3)
-                                                                                       .betas({0.8, 0.99})
-                                                                                       .eps(1e-7)
-                                                                                       .weight_decay(0.1));
-                                              });
+    for (const bool amsgrad : {false, true})
+      for (const std::int64_t hidden : {24, 4000}) {
+        CAPTURE(amsgrad);
+        CAPTURE(hidden);
+        compare_for_100_steps<kiln::optim::adamw>(
+            {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-7, .weight_decay = 0.1, .amsgrad = amsgrad},
+            [&](std::vector<torch::Tensor> params) {
+              return torch::optim::AdamW(
+                  params,
+                  torch::optim::AdamWOptions(3e-3).betas({0.8, 0.99}).eps(1e-7).weight_decay(0.1).amsgrad(amsgrad));
+            },
+            hidden);
+      }
   }
 
-  TEST_CASE("sgd matches torch::optim::SGD (momentum, nesterov, weight decay) over 100 steps") {
-    compare_for_100_steps<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true},
-                                            [](std::vector<torch::Tensor> params) {
-                                              return torch::optim::SGD(params, torch::optim::SGDOptions(0.05)
-                                                                                   .momentum(0.9)
-                                                                                   .weight_decay(1e-3)
-                                                                                   .nesterov(true));
-                                            });
+  TEST_CASE("sgd matches torch::optim::SGD (momentum, nesterov, dampening, weight decay) over 100 steps") {
+    compare_for_100_steps<kiln::optim::sgd>(
+        {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true},
+        [](std::vector<torch::Tensor> params) {
+          return torch::optim::SGD(params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3).nesterov(true));
+        },
+        4000);
+    compare_for_100_steps<kiln::optim::sgd>(
+        {.lr = 0.05, .momentum = 0.8, .dampening = 0.3},
+        [](std::vector<torch::Tensor> params) {
+          return torch::optim::SGD(params, torch::optim::SGDOptions(0.05).momentum(0.8).dampening(0.3));
+        });
+    compare_for_100_steps<kiln::optim::sgd>(
+        {.lr = 0.05, .momentum = 0.0, .weight_decay = 1e-2},
+        [](std::vector<torch::Tensor> params) {
+          return torch::optim::SGD(params, torch::optim::SGDOptions(0.05).momentum(0.0).weight_decay(1e-2));
+        });
+  }
+
+  TEST_CASE("lion matches the update of Chen et al. 2023 written with tensor ops") {
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.99, wd = 0.1;
+    std::vector<torch::Tensor> momentum;
+    auto reference = [&](std::size_t i, torch::Tensor& p, const torch::Tensor& g, int) {
+      if (momentum.size() <= i) momentum.push_back(torch::zeros_like(p));
+      auto c = b1 * momentum[i] + (1 - b1) * g;
+      p.mul_(1 - lr * wd).sub_(lr * c.sign());
+      momentum[i] = b2 * momentum[i] + (1 - b2) * g;
+    };
+    CHECK(diff_from_reference<kiln::optim::lion>({.lr = lr, .beta1 = b1, .beta2 = b2, .weight_decay = wd}, reference,
+                                                 50, 4000) <= 1e-6);
+  }
+
+  // The paper's Algorithms 4 and 5 with sums (R = (G^2) 1, C = 1^T (G^2), V = R C / 1^T R)
+  // where kiln uses PyTorch's means: the two are equal, the arithmetic is not shared.
+  TEST_CASE("adafactor matches the paper's factored algorithm written with tensor ops") {
+    const double lr = 1e-2, eps1 = 1e-30, eps2 = 1e-3, d = 1.0, wd = 0.01;
+    std::vector<std::vector<torch::Tensor>> state;
+    auto reference = [&](std::size_t i, torch::Tensor& p, const torch::Tensor& g, int t) {
+      const double beta2 = 1.0 - std::pow(t, -0.8), rho = std::min(lr, 1.0 / std::sqrt(t));
+      const double rms_p = std::sqrt(p.pow(2).mean().item<double>());
+      const double alpha = std::max(eps2, rms_p) * rho;
+      p.mul_(1 - lr * wd);
+      torch::Tensor v;
+      if (state.size() <= i) {
+        if (p.dim() == 2) state.push_back({torch::zeros({p.size(0)}), torch::zeros({p.size(1)})});
+        else state.push_back({torch::zeros_like(p)});
+      }
+      auto& s = state[i];
+      if (p.dim() == 2) {
+        auto g2 = g * g + eps1;
+        s[0] = beta2 * s[0] + (1 - beta2) * g2.sum(1);
+        s[1] = beta2 * s[1] + (1 - beta2) * g2.sum(0);
+        v = torch::outer(s[0], s[1]) / s[0].sum();
+      } else {
+        s[0] = beta2 * s[0] + (1 - beta2) * (g * g + eps1);
+        v = s[0];
+      }
+      auto u = g / v.sqrt();
+      const double rms_u = std::sqrt(u.pow(2).mean().item<double>());
+      p.sub_(alpha * u / std::max(1.0, rms_u / d));
+    };
+    CHECK(diff_from_reference<kiln::optim::adafactor>(
+              {.lr = lr, .eps1 = eps1, .eps2 = eps2, .clip_threshold = d, .weight_decay = wd}, reference, 50, 300) <=
+          1e-5);
+    kiln::optim::adafactor opt({});
+    fixture f(1, 300);
+    opt.attach(named(*f.model));
+    f.loss(0).backward();
+    opt.step();
+    // 10 x 300 weight: 10 + 300 floats of state, not 2 x 3000 as Adam's.
+    std::int64_t expected = 0;
+    for (auto& p : f.model->parameters()) expected += p.dim() == 2 ? p.size(0) + p.size(1) : p.numel();
+    CHECK(opt.state_bytes() == 4 * expected);
+  }
+
+  TEST_CASE("adam8bit: the dynamic map, and quantization to the nearest code within its bound") {
+    const auto& map = kiln::optim::detail::signed_map().values();
+    const auto& umap = kiln::optim::detail::unsigned_map().values();
+    CHECK(map.front() == doctest::Approx(-(1 - 0.9 / 128)));  // midpoint of the last of 64 steps in [0.1, 1]
+    CHECK(map.back() == 1.0f);
+    CHECK(umap.front() == 0.0f);
+    CHECK(std::is_sorted(map.begin(), map.end()));
+    CHECK(std::adjacent_find(umap.begin(), umap.end()) == umap.end());  // 256 distinct codes
+
+    torch::manual_seed(3);
+    auto x = torch::randn({5000}) * torch::rand({5000}).pow(4);  // magnitudes over decades
+    auto [codes, absmax] = kiln::optim::detail::quantize_blockwise(x, 2048, kiln::optim::detail::signed_map());
+    CHECK(absmax.numel() == 3);
+    auto y = kiln::optim::detail::dequantize_blockwise(codes, absmax, 2048, kiln::optim::detail::signed_map());
+    // Nearest code: no map entry is closer to x / absmax than the chosen one (brute force).
+    auto table = torch::from_blob(const_cast<float*>(map.data()), {1, 256}, torch::kFloat32);
+    auto scale = absmax.repeat_interleave(2048).slice(0, 0, 5000);
+    auto normalized = (x / scale).unsqueeze(1);
+    auto best = std::get<0>((normalized - table).abs().min(1));
+    auto chosen = (normalized.squeeze(1) - (y / scale)).abs();
+    CHECK((chosen - best).max().item<float>() <= 1e-6f);
+    // Hence the bound: error <= absmax x half the widest gap of the map.
+    auto gaps = (table.slice(1, 1, 256) - table.slice(1, 0, 255)).max().item<float>();
+    CHECK(((x - y).abs() / scale).max().item<float>() <= gaps / 2 + 1e-6f);
+  }
+
+  TEST_CASE("adam8bit keeps 2 bytes per parameter and follows adamw closely") {
+    fixture a(5, 4000), b(5, 4000);
+    std::vector<torch::Tensor> initial;
+    for (auto& p : b.model->parameters()) initial.push_back(p.detach().clone());
+    kiln::optim::adam8bit q({.lr = 1e-3});
+    kiln::optim::adamw full({.lr = 1e-3});
+    q.attach(named(*a.model));
+    full.attach(named(*b.model));
+    for (int step = 0; step < 30; ++step) {
+      q.zero_grad();
+      a.loss(step).backward();
+      q.step();
+      full.zero_grad();
+      b.loss(step).backward();
+      full.step();
+    }
+    // The 40000-element weight is quantized: 2 bytes + 2 absmax floats per 2048; the small tensors
+    // keep 8 bytes.
+    std::int64_t expected = 0;
+    for (auto& p : a.model->parameters())
+      expected += p.numel() >= 4096 ? 2 * p.numel() + 2 * 4 * ((p.numel() + 2047) / 2048) : 8 * p.numel();
+    CHECK(q.state_bytes() == expected);
+    // What the 8-bit moments change is the path: compare the displacement from the start.
+    auto pa = a.model->parameters(), pb = b.model->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      auto full_move = pb[i] - initial[i], quantized_move = pa[i] - initial[i];
+      const double deviation = ((quantized_move - full_move).norm() / full_move.norm()).item<double>();
+      CAPTURE(i);
+      CAPTURE(deviation);
+      CHECK(deviation <= 0.15);
+    }
+  }
+
+  TEST_CASE("no_decay patterns exempt parameters from weight decay by name") {
+    fixture f(7);
+    kiln::optim::adamw opt({.lr = 0.1, .weight_decay = 0.5, .no_decay = {"**bias"}});
+    opt.attach(named(*f.model));
+    std::vector<torch::Tensor> before;
+    for (auto& p : f.model->parameters()) {
+      before.push_back(p.detach().clone());
+      p.mutable_grad() = torch::zeros_like(p);  // zero gradient: only the decay moves a parameter
+    }
+    opt.step();
+    std::size_t i = 0;
+    for (auto& item : f.model->named_parameters()) {
+      CAPTURE(item.key());
+      const bool bias = item.key().find("bias") != std::string::npos;
+      auto expected = bias ? before[i] : before[i] * (1 - 0.1 * 0.5);
+      CHECK(torch::allclose(item.value(), expected, 1e-6, 1e-7));
+      ++i;
+    }
+  }
+
+  TEST_CASE("bf16 parameters with fp32 state track the fp32 update") {
+    fixture a(9, 300), b(9, 300);
+    for (auto& p : a.model->parameters()) p.set_data(p.detach().to(torch::kBFloat16));
+    kiln::optim::adamw low({.lr = 1e-2}), high({.lr = 1e-2});
+    low.attach(named(*a.model));
+    high.attach(named(*b.model));
+    for (int step = 0; step < 10; ++step) {
+      low.zero_grad();
+      high.zero_grad();
+      // Same fp32 gradients for both (bf16 gradients for the bf16 copy).
+      b.loss(step).backward();
+      auto pa = a.model->parameters(), pb = b.model->parameters();
+      for (std::size_t i = 0; i < pa.size(); ++i) pa[i].mutable_grad() = pb[i].grad().to(torch::kBFloat16);
+      low.step();
+      high.step();
+    }
+    CHECK(low.state_bytes() == high.state_bytes());  // fp32 moments either way
+    auto pa = a.model->parameters(), pb = b.model->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      CHECK((pa[i].scalar_type() == torch::kBFloat16));
+      CHECK((pa[i].to(torch::kFloat32) - pb[i]).abs().max().item<double>() <= 2e-2 * pb[i].abs().max().item<double>());
+    }
   }
 
   TEST_CASE("optimizer state saved by parameter name resumes identically") {
-    check_resume<kiln::optim::adamw>({.lr = 1e-2});
+    check_resume<kiln::optim::adamw>({.lr = 1e-2, .amsgrad = true});
     check_resume<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9});
+    check_resume<kiln::optim::lion>({.lr = 1e-3});
+    check_resume<kiln::optim::adafactor>({.beta1 = 0.9});
+    check_resume<kiln::optim::adam8bit>({.lr = 1e-2});
   }
 
   TEST_CASE("state of the wrong shape is refused with the parameter's name") {
@@ -120,7 +320,15 @@ TEST_SUITE("optim") {
     kiln::state_dict state;
     state["optim/layers.0.weight/step"] = kiln::scalar_tensor(std::int64_t{3});
     state["optim/layers.0.weight/exp_avg"] = torch::zeros({2, 2});
+    state["optim/layers.0.weight/exp_avg_sq"] = torch::zeros({2, 2});
     CHECK_THROWS_WITH_AS(opt.load_state(state, "optim/"), doctest::Contains("optim/layers.0.weight/exp_avg"),
                          kiln::state_error);
+  }
+
+  TEST_CASE("a parameter the fused optimizers cannot update is named") {
+    auto w = torch::zeros({3, 3}, torch::kFloat64).requires_grad_();
+    kiln::optim::adamw opt({});
+    CHECK_THROWS_WITH_AS(opt.attach({{"head.weight", w}}), doctest::Contains("\"head.weight\" is Double"),
+                         kiln::config_error);
   }
 }

@@ -35,7 +35,7 @@ struct selective {
   void apply(torch::nn::Module& model) {
     auto selected = [this](const std::string& name) {
       for (const auto& p : patterns_)
-        if (detail::glob_match(p.c_str(), name.c_str())) return true;
+        if (kiln::detail::glob_match(p.c_str(), name.c_str())) return true;
       return false;
     };
     if (detail::checkpoint_selected(model, "selective", selected) == 0) {

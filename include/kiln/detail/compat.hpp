@@ -16,17 +16,6 @@ namespace kiln::detail {
 inline constexpr int torch_version_major = TORCH_VERSION_MAJOR;
 inline constexpr int torch_version_minor = TORCH_VERSION_MINOR;
 
-// The key LibTorch's optimizers use for a parameter's state: a string of the TensorImpl
-// address in 1.13, the address itself (void*) in 2.x.
-template <class StateMap>
-auto optimizer_state_key(const StateMap&, const torch::Tensor& param) {
-  using key_type = typename StateMap::key_type;
-  if constexpr (std::is_same_v<key_type, std::string>)
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
-  else
-    return static_cast<key_type>(param.unsafeGetTensorImpl());
-}
-
 // Autocast state per device. LibTorch 2.4 replaced the per-device functions (set_cpu_enabled,
 // set_autocast_cpu_dtype, ...) with ones taking the device type; the old names remain only as
 // deprecated wrappers.

@@ -9,19 +9,28 @@
 //   state_bytes()              bytes of optimizer state, for memory reports.
 // Optional: save_state/load_state(state_dict, prefix) to survive a resume (kiln stores state by
 // parameter name, see kiln/io/state.hpp).
+//
+// kiln's optimizers get all of that from detail::fused_optimizer and write only the rule: here
+// that of torch::optim::SGD, in one pass per parameter tensor:
+//   d = g + wd p;  buf = d (first step) or momentum buf + (1 - dampening) d;
+//   d = nesterov ? d + momentum buf : buf;  p -= lr d
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
-#include "kiln/optim/detail/libtorch_optimizer.hpp"
+#include "kiln/optim/detail/fused_loop.hpp"
+#include "kiln/optim/detail/fused_optimizer.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::optim {
 
-struct sgd : detail::libtorch_optimizer<sgd, torch::optim::SGD, torch::optim::SGDParamState> {
+class sgd : public detail::fused_optimizer<sgd> {
+ public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "sgd";
 
@@ -31,6 +40,7 @@ struct sgd : detail::libtorch_optimizer<sgd, torch::optim::SGD, torch::optim::SG
     double dampening = 0.0;
     double weight_decay = 0.0;
     bool nesterov = false;
+    std::vector<std::string> no_decay;
     template <class V>
     void describe(V& v) {
       v.field("lr", lr, "learning rate (peak, before the schedule)", kiln::checks::positive);
@@ -38,24 +48,53 @@ struct sgd : detail::libtorch_optimizer<sgd, torch::optim::SGD, torch::optim::SG
       v.field("dampening", dampening, "dampening of the momentum", kiln::checks::in_range(0.0, 1.0));
       v.field("weight_decay", weight_decay, "L2 penalty added to the gradient", kiln::checks::non_negative);
       v.field("nesterov", nesterov, "use Nesterov momentum");
+      v.field("no_decay", no_decay, detail::no_decay_help);
     }
   };
 
-  explicit sgd(const settings& s) : settings_(s) {}
-
-  void attach(const detail::named_tensors& named) {
-    build(named, torch::optim::SGDOptions(settings_.lr)
-                     .momentum(settings_.momentum)
-                     .dampening(settings_.dampening)
-                     .weight_decay(settings_.weight_decay)
-                     .nesterov(settings_.nesterov));
+  explicit sgd(const settings& s) : fused_optimizer(s.lr, s.weight_decay, s.no_decay), settings_(s) {
+    if (s.nesterov && (s.momentum <= 0 || s.dampening != 0))
+      throw config_error("optimizer.nesterov: Nesterov momentum needs momentum > 0 and dampening = 0");
   }
 
   double base_lr() const { return settings_.lr; }
 
-  template <class State, class F>
-  static void for_each_field(State& st, F&& f) {
-    f("momentum_buffer", st.momentum_buffer());
+  void init_state(detail::slot& s) const {
+    s.state.clear();
+    if (settings_.momentum != 0)
+      s.state = {{"momentum_buffer", torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32))}};
+  }
+
+  void update(detail::slot& s, const torch::Tensor& grad) const {
+    const float wd = static_cast<float>(s.weight_decay), step = static_cast<float>(lr());
+    const float momentum = static_cast<float>(settings_.momentum);
+    const float keep = static_cast<float>(1.0 - settings_.dampening);
+    const bool first = s.step == 1, nesterov = settings_.nesterov;
+    dispatch(s.param, [&](auto type) {
+      using T = decltype(type);
+      T* p = s.param.data_ptr<T>();
+      const T* g = grad.data_ptr<T>();
+      if (s.state.empty()) {
+        detail::fused_loop(
+            s.param.numel(),
+            [=](auto& p, auto g) {
+              using V = std::remove_cvref_t<decltype(p)>;
+              p = p - V(step) * (g + V(wd) * p);
+            },
+            p, g);
+        return;
+      }
+      detail::fused_loop(
+          s.param.numel(),
+          [=](auto& p, auto g, auto& buf) {
+            using V = std::remove_cvref_t<decltype(p)>;
+            V d = g + V(wd) * p;
+            buf = first ? d : buf * V(momentum) + V(keep) * d;
+            d = nesterov ? d + V(momentum) * buf : buf;
+            p = p - V(step) * d;
+          },
+          p, g, s.field(0).data_ptr<float>());
+    });
   }
 
  private:

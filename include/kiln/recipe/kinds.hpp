@@ -36,6 +36,9 @@ inline constexpr policy_kind policy_kinds[] = {
     {"sharding", "single", "kiln::sharding::single"},
     {"optimizer", "sgd", "kiln::optim::sgd"},
     {"optimizer", "adamw", "kiln::optim::adamw"},
+    {"optimizer", "adafactor", "kiln::optim::adafactor"},
+    {"optimizer", "adam8bit", "kiln::optim::adam8bit"},
+    {"optimizer", "lion", "kiln::optim::lion"},
     {"profiler", "none", "kiln::profiler::none"},
     // Profiler kinds combine: kind = ["ops", "memory"] is kiln::profiler::profile<ops_collector,
     // memory_collector>, named "ops+memory" (in this table's order).

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "kiln/checkpointing/checkpoint.hpp"
+#include "kiln/detail/glob.hpp"
 #include "kiln/errors.hpp"
 
 namespace kiln::checkpointing::detail {
@@ -21,24 +22,6 @@ inline std::optional<std::int64_t> block_index(const std::string& name) {
   const auto rest = name.substr(prefix.size());
   if (rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   return std::stoll(rest);
-}
-
-// Glob over dotted module names: '*' matches within one name segment, '**' across segments.
-inline bool glob_match(const char* pattern, const char* name) {
-  if (*pattern == '\0') return *name == '\0';
-  if (pattern[0] == '*' && pattern[1] == '*') {
-    for (const char* n = name;; ++n) {
-      if (glob_match(pattern + 2, n)) return true;
-      if (*n == '\0') return false;
-    }
-  }
-  if (*pattern == '*') {
-    for (const char* n = name;; ++n) {
-      if (glob_match(pattern + 1, n)) return true;
-      if (*n == '\0' || *n == '.') return false;
-    }
-  }
-  return *pattern == *name && glob_match(pattern + 1, name + 1);
 }
 
 // Turns checkpointing on for every selected module; returns how many. A selected module that

@@ -1,0 +1,145 @@
+// kiln/optim/detail/fused_optimizer.hpp: what kiln's own optimizers (sgd, adamw, lion,
+// adafactor, adam8bit) share: the parameters they update, their state by parameter name, the
+// per-parameter weight decay of the no_decay patterns, set_lr, zero_grad and state_bytes.
+//
+// Derived provides
+//   void init_state(slot&)                      creates slot.state (named fp32/uint8 tensors);
+//   void update(slot&, const torch::Tensor& g)  one step of the rule for one parameter, with
+//                                               slot.step already incremented and lr() current.
+// Each parameter is one contiguous fp32 or bf16 tensor: the flat storage the rules run over in
+// one pass, and what a sharding policy will hand over as this rank's shard.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/detail/glob.hpp"
+#include "kiln/errors.hpp"
+#include "kiln/io/state.hpp"
+
+namespace kiln::optim::detail {
+
+using named_tensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct slot {
+  std::string name;
+  torch::Tensor param;
+  double weight_decay = 0;  // this parameter's: 0 where a no_decay pattern matches its name
+  std::int64_t step = 0;    // updates applied (parameters without a gradient are not stepped)
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  torch::Tensor& field(std::size_t i) { return state[i].second; }
+};
+
+// The no_decay setting every kiln optimizer has, and its help text.
+inline constexpr const char* no_decay_help =
+    "parameter name patterns without weight decay, e.g. [\"**bias\", \"**ln*.weight\"] "
+    "('*' within a name segment, '**' across)";
+
+template <class Derived>
+class fused_optimizer {
+ public:
+  void attach(const named_tensors& named) {
+    slots_.clear();
+    for (const auto& [name, param] : named) {
+      if (param.scalar_type() != torch::kFloat32 && param.scalar_type() != torch::kBFloat16)
+        throw config_error("optimizer: parameter \"" + name + "\" is " + std::string(c10::toString(param.scalar_type())) +
+                           "; kiln's optimizers update fp32 or bf16 parameters");
+      if (!param.is_contiguous())
+        throw config_error("optimizer: parameter \"" + name + "\" is not contiguous");
+      if (!param.device().is_cpu())
+        throw config_error("optimizer: parameter \"" + name + "\" is on " + param.device().str() +
+                           "; kiln's fused optimizers run on CPU tensors");
+      slot s;
+      s.name = name;
+      s.param = param;
+      s.weight_decay = decays(name) ? weight_decay_ : 0.0;
+      slots_.push_back(std::move(s));
+    }
+  }
+
+  void step() {
+    torch::NoGradGuard no_grad;
+    for (auto& s : slots_) {
+      const auto& grad = s.param.grad();
+      if (!grad.defined()) continue;
+      if (grad.is_sparse()) throw config_error("optimizer: parameter \"" + s.name + "\" has a sparse gradient");
+      if (s.state.empty()) derived().init_state(s);
+      ++s.step;
+      derived().update(s, grad.is_contiguous() ? grad : grad.contiguous());
+    }
+  }
+
+  // Gradients are released, not zeroed: the next backward writes them fresh (set_to_none).
+  void zero_grad() {
+    for (auto& s : slots_)
+      if (s.param.grad().defined()) s.param.mutable_grad().reset();
+  }
+
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+
+  const std::vector<slot>& slots() const { return slots_; }
+
+  std::int64_t state_bytes() const {
+    std::int64_t bytes = 0;
+    for (const auto& s : slots_)
+      for (const auto& [field, t] : s.state) bytes += t.numel() * static_cast<std::int64_t>(t.element_size());
+    return bytes;
+  }
+
+  // "<prefix><param>/step" and "<prefix><param>/<field>" for each parameter that has stepped.
+  void save_state(kiln::state_dict& state, const std::string& prefix) const {
+    for (const auto& s : slots_) {
+      if (s.state.empty()) continue;
+      state[prefix + s.name + "/step"] = kiln::scalar_tensor(s.step);
+      for (const auto& [field, t] : s.state) state[prefix + s.name + "/" + field] = t.clone();
+    }
+  }
+
+  void load_state(const kiln::state_dict& state, const std::string& prefix) {
+    for (auto& s : slots_) {
+      auto step = state.find(prefix + s.name + "/step");
+      if (step == state.end()) continue;
+      derived().init_state(s);
+      s.step = step->second.item<std::int64_t>();
+      for (auto& [field, t] : s.state) {
+        const auto& saved = kiln::require(state, prefix + s.name + "/" + field);
+        if (saved.sizes() != t.sizes() || saved.scalar_type() != t.scalar_type())
+          throw kiln::state_error("saved optimizer state \"" + prefix + s.name + "/" + field + "\" is " +
+                                  std::string(c10::toString(saved.scalar_type())) + c10::str(saved.sizes()) +
+                                  ", expected " + std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes()));
+        t.copy_(saved);
+      }
+    }
+  }
+
+ protected:
+  fused_optimizer(double lr, double weight_decay, std::vector<std::string> no_decay)
+      : lr_(lr), weight_decay_(weight_decay), no_decay_(std::move(no_decay)) {}
+
+  // Runs `rule` over a parameter of either storage type (see fused_loop.hpp).
+  template <class Run>
+  static void dispatch(const torch::Tensor& param, Run&& run) {
+    if (param.scalar_type() == torch::kBFloat16) run(c10::BFloat16{});
+    else run(float{});
+  }
+
+ private:
+  bool decays(const std::string& name) const {
+    for (const auto& pattern : no_decay_)
+      if (kiln::detail::glob_match(pattern.c_str(), name.c_str())) return false;
+    return true;
+  }
+  Derived& derived() { return static_cast<Derived&>(*this); }
+
+  double lr_;
+  double weight_decay_;
+  std::vector<std::string> no_decay_;
+  std::vector<slot> slots_;
+};
+
+}  // namespace kiln::optim::detail
