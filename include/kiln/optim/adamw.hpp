@@ -74,7 +74,7 @@ class adamw : public detail::fused_optimizer<adamw> {
       }
       detail::fused_loop(
           s.param.numel(),
-          [rule](auto& p, auto g, auto& m, auto& v, auto& v_max) {
+          [rule](auto& p, const auto& g, auto& m, auto& v, auto& v_max) {
             rule.moments(p, g, m, v);
             v_max = detail::vmax(v_max, v);
             rule.apply(p, m, v_max);

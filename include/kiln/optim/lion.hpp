@@ -58,7 +58,7 @@ class lion : public detail::fused_optimizer<lion> {
       using T = decltype(type);
       detail::fused_loop(
           s.param.numel(),
-          [=](auto& p, auto g, auto& m) {
+          [=](auto& p, const auto& g, auto& m) {
             using V = std::remove_cvref_t<decltype(p)>;
             const V c = m * V(b1) + g * V(one_minus_b1);
             p = p * V(decay) - V(step) * detail::vsign(c);

@@ -77,7 +77,7 @@ class sgd : public detail::fused_optimizer<sgd> {
       if (s.state.empty()) {
         detail::fused_loop(
             s.param.numel(),
-            [=](auto& p, auto g) {
+            [=](auto& p, const auto& g) {
               using V = std::remove_cvref_t<decltype(p)>;
               p = p - V(step) * (g + V(wd) * p);
             },
@@ -86,7 +86,7 @@ class sgd : public detail::fused_optimizer<sgd> {
       }
       detail::fused_loop(
           s.param.numel(),
-          [=](auto& p, auto g, auto& buf) {
+          [=](auto& p, const auto& g, auto& buf) {
             using V = std::remove_cvref_t<decltype(p)>;
             V d = g + V(wd) * p;
             buf = first ? d : buf * V(momentum) + V(keep) * d;

@@ -35,7 +35,7 @@ struct adam_rule {
     p = p - V(step_size) * (m / (vsqrt(v) / V(sqrt_bc2) + V(eps)));
   }
   template <class V>
-  void operator()(V& p, V g, V& m, V& v) const {
+  void operator()(V& p, const V& g, V& m, V& v) const {
     moments(p, g, m, v);
     apply(p, m, v);
   }

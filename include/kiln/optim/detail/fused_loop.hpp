@@ -4,7 +4,7 @@
 //
 // An update rule is written once as a generic lambda over `V` (Vectorized<float> or float):
 //
-//   fused_loop(n, [&](auto& p, auto g, auto& m) { m = m * b + g * (1 - b); p = p - m * lr; },
+//   fused_loop(n, [&](auto& p, const auto& g, auto& m) { m = m * b + g * (1 - b); p = p - m * lr; },
 //              param_ptr, grad_ptr, state_ptr);
 //
 // The lambda sees the parameter and gradient as fp32 whatever their storage (fp32 or bf16;

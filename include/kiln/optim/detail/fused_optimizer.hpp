@@ -73,10 +73,11 @@ class fused_optimizer {
     }
   }
 
-  // Gradients are released, not zeroed: the next backward writes them fresh (set_to_none).
+  // Gradients are zeroed in place, as LibTorch 1.13's optimizers do, not released (set_to_none):
+  // the next backward then accumulates into buffers that already exist.
   void zero_grad() {
     for (auto& s : slots_)
-      if (s.param.grad().defined()) s.param.mutable_grad().reset();
+      if (s.param.grad().defined()) s.param.mutable_grad().zero_();
   }
 
   void set_lr(double lr) { lr_ = lr; }
