@@ -6,8 +6,8 @@
 // training step above what the step started with (kiln::memory_meter, after a first step so that
 // gradients and optimizer state exist), the median step time over R rounds of S steps, and the
 // median over rounds of the step-time ratio to `none` (the cases take turns within each round).
-// The bound column is 1 + (recomputed share) x (forward time / step time) of `none`: what
-// recomputing costs if it costs exactly a forward pass. Accumulation: N = 1, 2, 4 micro-batches
+// The estimate column is 1 + (recomputed share) x (forward time / step time) of `none`: what
+// recomputing costs if it adds exactly a forward pass and changes nothing else. Accumulation: N = 1, 2, 4 micro-batches
 // of 16 sequences per optimizer step, same measures: memory should stay flat in N and time grow
 // linearly (ratio N). Output: one JSON object per line.
 #include <kiln/kiln.hpp>
@@ -102,21 +102,21 @@ double paired_ratio(const bench_case& c, const bench_case& base) {
   return median(ratios);
 }
 
-// Recomputing a share of the forward costs at least that share of a forward pass: the
-// physical bound on checkpointing's step-time ratio, from the same rounds.
-double recompute_bound(const bench_case& base, double recomputed_share) {
-  std::vector<double> bounds;
+// Recomputing a share of the forward adds that share of a forward pass, if nothing else changes
+// (a smaller activation footprint can save time too): the estimate, from the same rounds.
+double recompute_estimate(const bench_case& base, double recomputed_share) {
+  std::vector<double> estimates;
   for (std::size_t r = 0; r < base.step_ms.size(); ++r)
-    bounds.push_back(1.0 + recomputed_share * base.forward_ms[r] / base.step_ms[r]);
-  return median(bounds);
+    estimates.push_back(1.0 + recomputed_share * base.forward_ms[r] / base.step_ms[r]);
+  return median(estimates);
 }
 
-void print(const char* group, const bench_case& c, const bench_case& base, double bound) {
+void print(const char* group, const bench_case& c, const bench_case& base, double expected) {
   std::printf(
       "{\"group\": \"%s\", \"case\": \"%s\", \"micro_steps\": %lld, \"micro_batch\": %lld, \"peak_step_bytes\": %lld, "
-      "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"ratio\": %.4f, \"bound\": %.4f}\n",
+      "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"ratio\": %.4f, \"expected\": %.4f}\n",
       group, c.name.c_str(), (long long)c.micro_steps, (long long)c.micro_batch, (long long)c.peak_bytes,
-      median(c.step_ms), median(c.forward_ms), paired_ratio(c, base), bound);
+      median(c.step_ms), median(c.forward_ms), paired_ratio(c, base), expected);
   std::fflush(stdout);
 }
 
@@ -140,13 +140,13 @@ int main(int argc, char** argv) {
   time_paired(checkpointing, steps, rounds);
   const double recomputed[] = {0.0, 1.0, 0.5};
   for (std::size_t i = 0; i < checkpointing.size(); ++i)
-    print("checkpointing", checkpointing[i], checkpointing[0], recompute_bound(checkpointing[0], recomputed[i]));
+    print("checkpointing", checkpointing[i], checkpointing[0], recompute_estimate(checkpointing[0], recomputed[i]));
   checkpointing.clear();
 
   std::vector<bench_case> accumulation;
   for (std::int64_t n : {1, 2, 4}) accumulation.push_back(make_case<none>("N=" + std::to_string(n), data, n, 16, {}));
   time_paired(accumulation, steps, rounds);
-  // N micro-steps cost N times one: time linear in N, the bound is N.
+  // N micro-steps cost N times one: time linear in N, the expected ratio is N.
   for (auto& c : accumulation) print("accumulation", c, accumulation[0], static_cast<double>(c.micro_steps));
   return 0;
 }
