@@ -35,3 +35,7 @@ find_path(KILN_GLOO_INCLUDE gloo/config.h)
 if(KILN_GLOO_INCLUDE)
   target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO)
 endif()
+# kiln's fused optimizers (kiln/optim/detail/fused_loop.hpp) inline update rules over 8-float
+# vectors into a copy of their loop compiled for AVX2; GCC notes, once per file, that passing such
+# vectors to a function compiled without AVX changed ABI in GCC 4.6. No vector crosses a call.
+target_compile_options(kiln_dependencies INTERFACE $<$<CXX_COMPILER_ID:GNU>:-Wno-psabi>)

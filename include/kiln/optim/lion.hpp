@@ -59,10 +59,9 @@ class lion : public detail::fused_optimizer<lion> {
       detail::fused_loop(
           s.param.numel(),
           [=](auto& p, const auto& g, auto& m) {
-            using V = std::remove_cvref_t<decltype(p)>;
-            const V c = m * V(b1) + g * V(one_minus_b1);
-            p = p * V(decay) - V(step) * detail::vsign(c);
-            m = m * V(b2) + g * V(one_minus_b2);
+            const auto c = m * b1 + g * one_minus_b1;
+            p = p * decay - step * detail::vsign(c);
+            m = m * b2 + g * one_minus_b2;
           },
           s.param.data_ptr<T>(), grad.data_ptr<T>(), s.field(0).data_ptr<float>());
     });

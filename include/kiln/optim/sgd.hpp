@@ -77,21 +77,16 @@ class sgd : public detail::fused_optimizer<sgd> {
       if (s.state.empty()) {
         detail::fused_loop(
             s.param.numel(),
-            [=](auto& p, const auto& g) {
-              using V = std::remove_cvref_t<decltype(p)>;
-              p = p - V(step) * (g + V(wd) * p);
-            },
-            p, g);
+            [=](auto& p, const auto& g) { p = p - step * (g + wd * p); }, p, g);
         return;
       }
       detail::fused_loop(
           s.param.numel(),
           [=](auto& p, const auto& g, auto& buf) {
-            using V = std::remove_cvref_t<decltype(p)>;
-            V d = g + V(wd) * p;
-            buf = first ? d : buf * V(momentum) + V(keep) * d;
-            d = nesterov ? d + V(momentum) * buf : buf;
-            p = p - V(step) * d;
+            auto d = g + wd * p;
+            buf = first ? d : buf * momentum + keep * d;
+            d = nesterov ? d + momentum * buf : buf;
+            p = p - step * d;
           },
           p, g, s.field(0).data_ptr<float>());
     });

@@ -25,17 +25,17 @@ struct adam_rule {
 
   // Moments first, then the parameter from the (possibly AMSGrad-maxed) second moment.
   template <class V>
-  void moments(V& p, const V& g, V& m, V& v) const {
-    p = p * V(decay);
-    m = m * V(b1) + g * V(one_minus_b1);
-    v = v * V(b2) + g * g * V(one_minus_b2);
+  [[gnu::always_inline]] void moments(V& p, const V& g, V& m, V& v) const {
+    p = p * decay;
+    m = m * b1 + g * one_minus_b1;
+    v = v * b2 + g * g * one_minus_b2;
   }
   template <class V>
-  void apply(V& p, const V& m, const V& v) const {
-    p = p - V(step_size) * (m / (vsqrt(v) / V(sqrt_bc2) + V(eps)));
+  [[gnu::always_inline]] void apply(V& p, const V& m, const V& v) const {
+    p = p - step_size * (m / (vsqrt(v) / sqrt_bc2 + eps));
   }
   template <class V>
-  void operator()(V& p, const V& g, V& m, V& v) const {
+  [[gnu::always_inline]] void operator()(V& p, const V& g, V& m, V& v) const {
     moments(p, g, m, v);
     apply(p, m, v);
   }
