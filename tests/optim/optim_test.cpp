@@ -215,6 +215,31 @@ TEST_SUITE("optim") {
     CHECK(std::is_sorted(map.begin(), map.end()));
     CHECK(std::adjacent_find(umap.begin(), umap.end()) == umap.end());  // 256 distinct codes
 
+    // encode starts its search from a table over a float's top 16 bits: it must give what a
+    // binary search over the entries gives, for floats of every top-16-bits bucket (each at both
+    // ends and in the middle), every entry and every midpoint between two entries.
+    for (const auto* m : {&kiln::optim::detail::signed_map(), &kiln::optim::detail::unsigned_map()}) {
+      const auto& v = m->values();
+      auto binary_search = [&](float x) {
+        const auto* hi = std::upper_bound(v.data(), v.data() + 256, x);
+        if (hi == v.data()) return 0;
+        if (hi == v.data() + 256) return 255;
+        return static_cast<int>((x - hi[-1] <= *hi - x ? hi - 1 : hi) - v.data());
+      };
+      std::vector<float> probes(v.begin(), v.end());
+      for (std::size_t k = 0; k + 1 < v.size(); ++k) probes.push_back((v[k] + v[k + 1]) / 2);
+      for (std::uint32_t top = 0; top < 65536; ++top)
+        for (const std::uint32_t low : {0x0000u, 0x8000u, 0xFFFFu}) {
+          const std::uint32_t bits = top << 16 | low;
+          float x;
+          std::memcpy(&x, &bits, sizeof(x));
+          probes.push_back(x);
+        }
+      std::int64_t mismatches = 0;
+      for (const float x : probes) mismatches += m->encode(x) != binary_search(x);
+      CHECK(mismatches == 0);
+    }
+
     torch::manual_seed(3);
     auto x = torch::randn({5000}) * torch::rand({5000}).pow(4);  // magnitudes over decades
     auto [codes, absmax] = kiln::optim::detail::quantize_blockwise(x, 2048, kiln::optim::detail::signed_map());
@@ -307,6 +332,41 @@ TEST_SUITE("optim") {
       CHECK((pa[i].scalar_type() == torch::kBFloat16));
       CHECK((pa[i].to(torch::kFloat32) - pb[i]).abs().max().item<double>() <= 2e-2 * pb[i].abs().max().item<double>());
     }
+  }
+
+  TEST_CASE("fused loops: bf16 rounds as c10 does, and the AVX2 and baseline copies agree bit for bit") {
+    namespace d = kiln::optim::detail;
+    torch::manual_seed(4);
+    const std::int64_t n = 1003;  // whole vectors of 4 and of 8, and a tail
+    // bf16 storage: load, an fp32 rule, store rounded to nearest even must equal the same
+    // arithmetic in fp32 tensor ops followed by LibTorch's conversion; a NaN becomes c10's NaN
+    // (LibTorch's own vectorised conversion writes 0xFFFF instead, its scalar one 0x7FC0).
+    auto p = torch::randn({n}).to(torch::kBFloat16);
+    p[5] = std::numeric_limits<float>::quiet_NaN();
+    auto g = torch::randn({n}).to(torch::kBFloat16);
+    auto expected = (p.to(torch::kFloat32) * 0.75f + g.to(torch::kFloat32) * 0.3f).to(torch::kBFloat16);
+    d::fused_loop(n, [](auto& p, const auto& g) { p = p * 0.75f + g * 0.3f; }, p.data_ptr<c10::BFloat16>(),
+                  g.data_ptr<c10::BFloat16>());
+    auto finite = expected.isfinite();
+    CHECK(torch::equal(p.view(torch::kInt16).masked_select(finite), expected.view(torch::kInt16).masked_select(finite)));
+    CHECK(p.data_ptr<c10::BFloat16>()[5].x == c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x);
+#ifdef KILN_OPTIM_GCC_X86
+    if (!d::cpu_has_avx2()) {
+      MESSAGE("this CPU has no AVX2: only the baseline loop runs here");
+      return;
+    }
+    const d::adam_rule rule(1e-3, 0.1, 0.9, 0.999, 1e-8, 3.0);
+    auto base = std::vector<torch::Tensor>{torch::randn({n}), torch::randn({n}) * 1e-2, torch::randn({n}) * 1e-3,
+                                           torch::rand({n}) * 1e-5};
+    std::vector<torch::Tensor> narrow, wide;
+    for (auto& t : base) narrow.push_back(t.clone()), wide.push_back(t.clone());
+    d::fused_range<4>(0, n, rule, narrow[0].data_ptr<float>(), narrow[1].data_ptr<float>(),
+                      narrow[2].data_ptr<float>(), narrow[3].data_ptr<float>());
+    d::fused_range_avx2(0, n, rule, wide[0].data_ptr<float>(), wide[1].data_ptr<float>(), wide[2].data_ptr<float>(),
+                        wide[3].data_ptr<float>());
+    for (std::size_t i = 0; i < base.size(); ++i) CHECK(torch::equal(narrow[i], wide[i]));
+    CHECK(!torch::equal(narrow[0], base[0]));  // the rule did run
+#endif
   }
 
   TEST_CASE("optimizer state saved by parameter name resumes identically") {

@@ -99,11 +99,7 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
           const auto begin = b * block_size, len = std::min(block_size, n - begin);
           detail::dequantize_block(m_code + begin, len, m_absmax[b], m, signed_map);
           detail::dequantize_block(v_code + begin, len, v_absmax[b], v, unsigned_map);
-          for (std::int64_t i = 0; i < len; ++i) {
-            float param = static_cast<float>(p[begin + i]);
-            rule(param, static_cast<float>(g[begin + i]), m[i], v[i]);
-            p[begin + i] = static_cast<T>(param);
-          }
+          detail::fused_serial(0, len, rule, p + begin, g + begin, m, v);
           m_absmax[b] = detail::quantize_block(m, len, m_code + begin, signed_map);
           v_absmax[b] = detail::quantize_block(v, len, v_code + begin, unsigned_map);
         }
