@@ -1,11 +1,12 @@
 // kiln_bench_step: the quickstart model's training step in kiln's trainer against the same
-// loop written by hand in LibTorch, plus the machine's bounds for that step.
+// loop written by hand in LibTorch (with LibTorch's AdamW, and with kiln's fused AdamW called
+// directly), plus the machine's bounds for that step.
 //
 //   kiln_bench_step --threads N --steps S --rounds R   (bench/run drives it; see README.md, Benchmarks)
 //
-// Both loops train the same MLP (784-256-256-10, dropout 0.1) on Fashion-MNIST batches of 128
-// with AdamW, same threads, same data order. Rounds alternate kiln / hand-written so that
-// machine noise hits both alike; each round times S steps after a warmup. Reported: medians
+// All loops train the same MLP (784-256-256-10, dropout 0.1) on Fashion-MNIST batches of 128
+// with AdamW, same threads, same data order. Rounds rotate the order of the three loops so that
+// machine noise hits all alike; each round times S steps after a warmup. Reported: medians
 // over rounds, the median of per-round ratios, and the ratio of the best rounds (the run
 // least disturbed by neighbours on a shared machine), then each profiler's cost as the median
 // ratio of kiln with it to kiln with profiler::none. Output: one JSON object on stdout.
@@ -47,11 +48,32 @@ double time_kiln(const kiln::data::tensor_pair& train, std::int64_t steps, std::
   return std::chrono::duration<double>(clock_type::now() - start).count() / static_cast<double>(steps);
 }
 
-// The same job as a LibTorch user writes it by hand.
+// The same job as a LibTorch user writes it by hand: with LibTorch's AdamW (what kiln replaces),
+// or with kiln's fused AdamW called directly (the same optimizer as the trainer's, so that the
+// ratio to kiln is the cost of the trainer alone).
+enum class hand_optimizer { libtorch, kiln_fused };
+
+struct kiln_adamw_by_hand {
+  kiln::optim::adamw optimizer{{.lr = 1e-3, .weight_decay = 0.01}};
+  explicit kiln_adamw_by_hand(torch::nn::Module& model) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& item : model.named_parameters()) named.emplace_back(item.key(), item.value());
+    optimizer.attach(named);
+  }
+  void zero_grad() { optimizer.zero_grad(); }
+  void step() { optimizer.step(); }
+};
+
+template <hand_optimizer Optimizer>
 double time_handwritten(const kiln::data::tensor_pair& train, std::int64_t steps, std::uint64_t seed) {
   torch::manual_seed(seed);
   kiln::models::mlp model(model_settings());
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  auto optimizer = [&] {
+    if constexpr (Optimizer == hand_optimizer::libtorch)
+      return torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    else
+      return kiln_adamw_by_hand(*model);
+  }();
   const auto n = train.inputs.size(0), batch = std::int64_t{128};
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto order = torch::randperm(n, gen, torch::kInt64);
@@ -132,17 +154,24 @@ int main(int argc, char** argv) {
   at::set_num_threads(static_cast<int>(threads));
   auto train = kiln::data::load_fashion_mnist(data_dir, kiln::data::split::train);
 
-  // Warm both paths (allocator, OpenBLAS buffers) before timing.
+  // Warm every path (allocator, OpenBLAS buffers) before timing.
   time_kiln(train, 50, 1);
-  time_handwritten(train, 50, 1);
-  std::vector<double> kiln_s, hand_s, ratio;
+  time_handwritten<hand_optimizer::libtorch>(train, 50, 1);
+  time_handwritten<hand_optimizer::kiln_fused>(train, 50, 1);
+  std::vector<double> kiln_s, hand_s, fused_s, ratio, overhead_ratio;
   for (std::int64_t r = 0; r < rounds; ++r) {
-    // alternate the order so neither side always runs on a warmer machine
-    double k, h;
-    if (r % 2 == 0) k = time_kiln(train, steps, 100 + r), h = time_handwritten(train, steps, 100 + r);
-    else h = time_handwritten(train, steps, 100 + r), k = time_kiln(train, steps, 100 + r);
-    kiln_s.push_back(k), hand_s.push_back(h), ratio.push_back(k / h);
-    std::fprintf(stderr, "round %lld: kiln %.3f ms, hand-written %.3f ms, ratio %.3f\n", (long long)r, 1e3 * k, 1e3 * h, k / h);
+    // rotate the order so that no side always runs on a warmer machine
+    double k = 0, h = 0, f = 0;
+    for (int turn = 0; turn < 3; ++turn) {
+      switch ((r + turn) % 3) {
+        case 0: k = time_kiln(train, steps, 100 + r); break;
+        case 1: h = time_handwritten<hand_optimizer::libtorch>(train, steps, 100 + r); break;
+        default: f = time_handwritten<hand_optimizer::kiln_fused>(train, steps, 100 + r); break;
+      }
+    }
+    kiln_s.push_back(k), hand_s.push_back(h), fused_s.push_back(f), ratio.push_back(k / h), overhead_ratio.push_back(k / f);
+    std::fprintf(stderr, "round %lld: kiln %.3f ms, hand-written %.3f ms (LibTorch AdamW), %.3f ms (kiln AdamW)\n",
+                 (long long)r, 1e3 * k, 1e3 * h, 1e3 * f);
   }
   // Each profiler's cost: paired rounds of kiln with it against kiln with profiler::none.
   auto overhead = [&](auto profiled) {
@@ -164,12 +193,14 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"threads\": %lld, \"steps\": %lld, \"rounds\": %lld, \"parameters\": %lld, "
       "\"kiln_ms\": %.4f, \"handwritten_ms\": %.4f, \"paired_ratio_median\": %.4f, \"best_ratio\": %.4f, "
+      "\"handwritten_fused_ms\": %.4f, \"trainer_ratio_median\": %.4f, \"trainer_best_ratio\": %.4f, "
       "\"gemm_gflops\": %.2f, \"bandwidth_gbs\": %.2f, \"step_gflop\": %.4f, \"optimizer_mb\": %.3f, "
       "\"bound_compute_ms\": %.4f, \"bound_memory_ms\": %.4f, "
       "\"profiler_overhead\": {\"ops\": %.4f, \"trace\": %.4f, \"memory\": %.4f, \"phases\": %.4f}}\n",
       (long long)threads, (long long)steps, (long long)rounds, (long long)parameters, 1e3 * median(kiln_s),
       1e3 * median(hand_s), median(ratio), *std::min_element(kiln_s.begin(), kiln_s.end()) /
-          *std::min_element(hand_s.begin(), hand_s.end()), b.gemm_gflops, b.bandwidth_gbs, b.step_gflop, b.optimizer_mb,
+          *std::min_element(hand_s.begin(), hand_s.end()), 1e3 * median(fused_s), median(overhead_ratio),
+      *std::min_element(kiln_s.begin(), kiln_s.end()) / *std::min_element(fused_s.begin(), fused_s.end()), b.gemm_gflops, b.bandwidth_gbs, b.step_gflop, b.optimizer_mb,
       b.compute_ms, b.memory_ms, ops, trace, memory, phases);
   return 0;
 }
