@@ -149,8 +149,8 @@ class trainer {
 
   // Trains `model` on batches from `train` until options.steps optimizer steps are done (or a
   // callback stops it), evaluating on `eval` when given.
-  template <class Model>
-  fit_summary fit(Model& model, data::batch_loader& train, const data::tensor_pair* eval = nullptr) {
+  template <class Model, data::batch_source Loader>
+  fit_summary fit(Model& model, Loader& train, const data::tensor_pair* eval = nullptr) {
     if (options_.steps <= 0) throw config_error("trainer: options.steps must be > 0 (set [train] steps or epochs)");
     auto& acc = *acc_;
     auto& module = *model.ptr();
@@ -347,7 +347,8 @@ class trainer {
   }
 
   // Prepares the run directory; returns the step to start from (> 0 when resuming).
-  std::int64_t open_run_dir(torch::nn::Module& module, data::batch_loader& train) {
+  template <class Loader>
+  std::int64_t open_run_dir(torch::nn::Module& module, Loader& train) {
     namespace fs = std::filesystem;
     const auto& dir = options_.run_dir;
     if (fs::exists(dir)) {
@@ -373,7 +374,8 @@ class trainer {
     return 0;
   }
 
-  std::int64_t resume_if_saved(torch::nn::Module& module, data::batch_loader& train) {
+  template <class Loader>
+  std::int64_t resume_if_saved(torch::nn::Module& module, Loader& train) {
     const auto file = options_.run_dir / "state.pt";
     if (!std::filesystem::exists(file)) return 0;
     auto state = load_state_file(file);
@@ -389,7 +391,8 @@ class trainer {
     return step;
   }
 
-  void save(const torch::nn::Module& module, const data::batch_loader& train) {
+  template <class Loader>
+  void save(const torch::nn::Module& module, const Loader& train) {
     state_dict state;
     save_module(module, state, "model/");
     acc_->save_state(state);

@@ -65,6 +65,8 @@ struct data_settings {
   std::int64_t eval_batch_size = 1000;
   bool shuffle = true;
   double delay_ms = 0;
+  std::int64_t workers = 0;
+  std::int64_t prefetch = 2;
   // synthetic data sets
   std::int64_t samples = 4096;
   std::int64_t eval_samples = 1024;
@@ -83,6 +85,10 @@ struct data_settings {
     v.field("shuffle", shuffle, "reshuffle the training set every epoch");
     v.field("delay_ms", delay_ms, "simulated input latency per batch, to see an input-bound profile",
             checks::non_negative);
+    v.field("workers", workers, "threads making batches ahead of the training step (0: made in the step)",
+            checks::non_negative);
+    v.field("prefetch", prefetch, "batches made ahead of the one being trained on (at least workers)",
+            checks::positive);
     if (kind == "fashion-mnist") return;
     v.field("samples", samples, "training samples to generate", checks::positive);
     v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);

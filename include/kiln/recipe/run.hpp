@@ -172,7 +172,9 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
                                          .shuffle = r.data.shuffle,
                                          .drop_last = true,
                                          .seed = static_cast<std::uint64_t>(r.train.seed),
-                                         .delay_ms = r.data.delay_ms});
+                                         .delay_ms = r.data.delay_ms,
+                                         .workers = r.data.workers,
+                                         .prefetch = r.data.prefetch});
   const typename Trainer::accelerator_t::accumulation_t accumulation(settings.accelerator.accumulation);
   const auto steps_per_epoch = detail::optimizer_steps_per_epoch(accumulation, loader.batches_per_epoch());
   if (steps_per_epoch == 0)
