@@ -58,6 +58,13 @@ struct loader_options {
   bool pad_shards = true;     // pad the epoch to a multiple of world (true) or cut it (false)
 };
 
+// Samples each rank sees per epoch: all of them in one process, else the epoch padded or cut to
+// a multiple of world, divided by world.
+inline std::int64_t shard_samples(std::int64_t samples, const loader_options& o) {
+  if (o.world == 1) return samples;
+  return o.pad_shards ? (samples + o.world - 1) / o.world : samples / o.world;
+}
+
 // The samples rank `rank` sees in `epoch`, in order: the epoch's order (shuffled by
 // (seed, epoch) or not), padded or cut to a multiple of world, every world-th from `rank`.
 inline torch::Tensor epoch_samples(std::int64_t samples, std::int64_t epoch, const loader_options& o) {
@@ -69,8 +76,7 @@ inline torch::Tensor epoch_samples(std::int64_t samples, std::int64_t epoch, con
     order = torch::arange(samples, torch::kInt64);
   }
   if (o.world == 1) return order;
-  const auto per_rank = o.pad_shards ? (samples + o.world - 1) / o.world : samples / o.world;
-  const auto total = per_rank * o.world;
+  const auto total = shard_samples(samples, o) * o.world;
   if (total > samples) order = order.repeat({(total + samples - 1) / samples});
   return order.slice(0, o.rank, total, o.world).contiguous();  // read through data_ptr by the loader
 }
@@ -92,8 +98,7 @@ class batch_maker {
     if (o.prefetch < 1) throw data_error("prefetch must be >= 1 batch, got " + std::to_string(o.prefetch));
     if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
       throw data_error("rank " + std::to_string(o.rank) + " is not one of world = " + std::to_string(o.world));
-    const auto total = static_cast<std::int64_t>(data_.size());
-    size_ = o.world == 1 ? total : (o.pad_shards ? (total + o.world - 1) / o.world : total / o.world);
+    size_ = data::shard_samples(static_cast<std::int64_t>(data_.size()), o);
     batches_per_epoch_ = o.drop_last ? size_ / o.batch_size : (size_ + o.batch_size - 1) / o.batch_size;
     if (batches_per_epoch_ == 0)
       throw data_error("the dataset has " + std::to_string(size_) + " samples" + (o.world > 1 ? " per rank" : "") +
