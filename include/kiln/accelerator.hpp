@@ -156,6 +156,9 @@ class accelerator {
     }
     optimizer_.zero_grad();
     ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
+    // Sharding that synchronises parameters rather than gradients (local SGD) does it here.
+    if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps); })
+      sharding_.after_optimizer_step(step_, settings_.total_steps);
     return last_ = result;
   }
 

@@ -8,6 +8,7 @@
 //   kiln list                                    recipes and compiled combinations
 //   kiln runs [DIR]                              run directories side by side
 //   kiln profile RECIPE [--set ...]              a short session with every profiler, report in the run dir
+//   kiln launch -n N RECIPE [--set ...]          N local ranks of a distributed recipe (torchrun's environment)
 //   kiln doctor                                  LibTorch, threads, BLAS, Gloo/CUDA, datasets
 #pragma once
 
@@ -23,6 +24,7 @@
 
 #include "kiln/doctor.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/launch.hpp"
 
 namespace kiln::cli {
 
@@ -59,7 +61,20 @@ struct parsed_args {
   std::string recipe;
   std::vector<std::string> overrides;
   bool progress = true;
+  int ranks = 0;         // launch -n
+  double grace_s = 30;   // launch --grace
 };
+
+inline int parse_count(const std::string& option, const std::string& value) {
+  std::size_t used = 0;
+  int n = -1;
+  try {
+    n = std::stoi(value, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != value.size() || n < 0) throw config_error(option + " " + value + ": expected a whole number >= 0");
+  return n;
+}
 
 inline parsed_args parse(int argc, char** argv) {
   parsed_args a;
@@ -69,6 +84,8 @@ inline parsed_args parse(int argc, char** argv) {
     if (arg == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
     else if (arg.rfind("--set=", 0) == 0) a.overrides.push_back(arg.substr(6));
     else if (arg == "--no-progress") a.progress = false;
+    else if ((arg == "-n" || arg == "--nproc") && i + 1 < argc) a.ranks = parse_count(arg, argv[++i]);
+    else if (arg == "--grace" && i + 1 < argc) a.grace_s = static_cast<double>(parse_count(arg, argv[++i]));
     else if (arg.rfind("--", 0) == 0) throw config_error("unknown option " + arg + " (see kiln help)");
     else if (a.recipe.empty()) a.recipe = arg;
     else throw config_error("unexpected argument " + arg + " (one recipe per command)");
@@ -85,6 +102,7 @@ inline void usage() {
       "  kiln list                                                    recipes and compiled policy combinations\n"
       "  kiln runs [DIR]                                              runs under DIR (default runs/) side by side\n"
       "  kiln profile RECIPE [--set table.key=value]...               a short profiled session: ops, phases, memory, trace\n"
+      "  kiln launch -n N RECIPE [--set ...] [--grace S]               N local ranks of a ddp / local-sgd recipe\n"
       "  kiln doctor                                                  what this machine gives a run\n");
 }
 
@@ -214,6 +232,16 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       std::printf("profile of %s written to %s\n", r.info.name.c_str(), (profiled.run_dir() / "profile").c_str());
       return 0;
     }
+    if (args.command == "launch") {
+      if (args.recipe.empty() || args.ranks < 1)
+        throw config_error("kiln launch: usage: kiln launch -n N RECIPE [--set table.key=value]...");
+      auto r = load_recipe(args.recipe, args.overrides);  // a recipe's mistakes show once, not N times
+      detail::find_combination(r, catalog);
+      launch_options o{.ranks = args.ranks, .rank_args = {"run", args.recipe}, .grace_s = args.grace_s};
+      for (const auto& s : args.overrides) o.rank_args.insert(o.rank_args.end(), {"--set", s});
+      if (!args.progress) o.rank_args.push_back("--no-progress");
+      return launch("/proc/self/exe", o);
+    }
     if (args.command == "run" || args.command == "check") {
       if (args.recipe.empty()) throw config_error("kiln " + args.command + ": which recipe? e.g. kiln " +
                                                   args.command + " recipes/quickstart.toml");
@@ -225,13 +253,14 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
         return 0;
       }
       auto summary = combination.run(r, {.progress = args.progress});
+      if (const char* rank = std::getenv("RANK"); rank && std::string_view(rank) != "0") return 0;  // rank 0 reports
       std::printf("%s: %lld steps in %.1f s", r.info.name.c_str(), (long long)summary.steps, summary.seconds);
       if (summary.evaluated)
         std::printf(", eval loss %.4f, accuracy %.2f%%", summary.final_eval.loss, 100.0 * summary.final_eval.accuracy);
       std::printf("%s; run directory %s\n", summary.stopped_early ? " (stopped early)" : "", r.run_dir().c_str());
       return 0;
     }
-    throw config_error("unknown command \"" + args.command + "\" (try: run, check, profile, list, runs, doctor)");
+    throw config_error("unknown command \"" + args.command + "\" (try: run, check, launch, profile, list, runs, doctor)");
   } catch (const kiln::error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
     return 1;

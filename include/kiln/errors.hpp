@@ -30,4 +30,12 @@ struct state_error : error {
   using error::error;
 };
 
+// Joining the process group or a collective failed: a peer exited (Gloo notices the closed
+// connection at once), a peer stopped answering or never started (noticed when the timeout
+// expires), or the collective's arguments were wrong. After a peer has failed, every later
+// collective of the group fails too: the job has to be restarted.
+struct distributed_error : error {
+  using error::error;
+};
+
 }  // namespace kiln

@@ -35,6 +35,10 @@
 #include "kiln/profiler/phases.hpp"
 #include "kiln/profiler/trace.hpp"
 #include "kiln/sharding/single.hpp"
+#ifdef USE_C10D_GLOO
+#include "kiln/sharding/ddp.hpp"
+#include "kiln/sharding/local_sgd.hpp"
+#endif
 
 #include "kiln/accelerator.hpp"
 #include "kiln/callbacks.hpp"
@@ -44,6 +48,8 @@
 #include "kiln/data/fashion_mnist.hpp"
 #include "kiln/data/loader.hpp"
 #include "kiln/data/synthetic.hpp"
+#include "kiln/data/text.hpp"
+#include "kiln/data/views.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/models/cnn.hpp"
 #include "kiln/models/gpt.hpp"

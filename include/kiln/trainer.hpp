@@ -161,7 +161,13 @@ class trainer {
     const auto& dir = options_.run_dir;
     std::int64_t step = 0;
     if (!dir.empty() && main) step = open_run_dir(module, train);
-    else if (!dir.empty()) step = resume_if_saved(module, train);
+    if (!dir.empty() && acc.world_size() > 1) {
+      // Rank 0 decided whether to resume (and moved an old run away); the others follow it, after
+      // it is done with the directory: the sum is over ranks, so it waits for rank 0.
+      const auto agreed = acc.sum_over_ranks(torch::full({1}, main ? static_cast<double>(step) : 0.0,
+                                                         torch::kFloat64));
+      if (!main && agreed.template item<double>() > 0) step = resume_if_saved(module, train);
+    }
     metrics_log metrics = (!dir.empty() && main) ? metrics_log(dir / "metrics.jsonl") : metrics_log();
 
     progress_display progress(options_.progress && main, main);
@@ -288,7 +294,8 @@ class trainer {
     return summary;
   }
 
-  // Mean loss and accuracy over `data`, without gradients, in eval mode; summed over ranks.
+  // Mean loss and accuracy over `data`, without gradients, in eval mode. With several ranks each
+  // evaluates its own contiguous share of `data` and the totals are summed over ranks.
   template <class Model>
   eval_info evaluate(Model& model, const data::tensor_pair& data) {
     auto& module = *model.ptr();
@@ -296,8 +303,9 @@ class trainer {
     module.eval();
     torch::NoGradGuard no_grad;
     auto totals = torch::zeros({3}, torch::kFloat64);  // loss sum, correct, count
-    const auto n = data.inputs.size(0);
-    for (std::int64_t begin = 0; begin < n; begin += options_.eval_batch_size) {
+    const auto all = data.inputs.size(0), world = acc_->world_size(), rank = acc_->rank();
+    const auto first = all * rank / world, n = all * (rank + 1) / world;
+    for (std::int64_t begin = first; begin < n; begin += options_.eval_batch_size) {
       const auto end = std::min(begin + options_.eval_batch_size, n);
       auto inputs = data.inputs.slice(0, begin, end);
       auto targets = data.targets.slice(0, begin, end).reshape({-1});
@@ -405,6 +413,14 @@ class trainer {
     json_line line;
     line.add("steps", s.steps).add("seconds", s.seconds).add("final_train_loss", s.final_train_loss);
     if (s.evaluated) line.add("eval_loss", s.final_eval.loss).add("eval_accuracy", s.final_eval.accuracy);
+    // What the sharding policy's collectives cost (rank 0's count; every rank issues the same).
+    auto& sharding = acc_->sharding();
+    line.add("world_size", acc_->world_size());
+    if constexpr (requires { sharding.buckets(); }) line.add("buckets", sharding.buckets());
+    if constexpr (requires { sharding.gradient_allreduces(); })
+      line.add("gradient_allreduces", sharding.gradient_allreduces());
+    if constexpr (requires { sharding.parameter_averages(); })
+      line.add("parameter_averages", sharding.parameter_averages());
     detail::write_text(options_.run_dir / "summary.json", line.str() + "\n");
   }
 

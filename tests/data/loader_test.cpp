@@ -25,7 +25,7 @@ struct numbered {
 
 // Adds noise from the sample's generator: shows whether augmentation depends on the worker.
 struct noise {
-  void operator()(kiln::data::example& e, std::mt19937_64& rng) const {
+  void operator()(kiln::data::example& e, kiln::data::sample_rng& rng) const {
     e.input = e.input + static_cast<float>(std::uniform_real_distribution<double>(0, 1)(rng));
   }
 };
@@ -162,7 +162,7 @@ TEST_SUITE("data") {
 
   TEST_CASE("transforms: random crop shifts within the padding, flip mirrors, both seeded") {
     auto image = torch::arange(16, torch::kFloat).view({1, 4, 4});
-    std::mt19937_64 rng(1);
+    kiln::data::sample_rng rng(1);
     std::set<std::pair<std::int64_t, std::int64_t>> shifts;
     for (int i = 0; i < 200; ++i) {
       kiln::data::example e{image.clone(), torch::tensor(0)};
@@ -191,5 +191,17 @@ TEST_SUITE("data") {
     }
     CHECK(flipped > 60);
     CHECK(flipped < 140);
+
+    // Contiguous CPU images take a loop, others the tensor ops: the same draws give the same image.
+    const auto strided = torch::arange(2 * 5 * 6, torch::kFloat).view({2, 6, 5}).transpose(1, 2);
+    REQUIRE(!strided.is_contiguous());
+    const auto both = kiln::data::compose(kiln::data::random_crop{.padding = 2}, kiln::data::horizontal_flip{});
+    for (std::uint64_t seed = 0; seed < 50; ++seed) {
+      kiln::data::example fast{strided.contiguous(), torch::tensor(0)}, general{strided, torch::tensor(0)};
+      kiln::data::sample_rng a(seed), b(seed);
+      both(fast, a);
+      both(general, b);
+      CHECK(torch::equal(fast.input, general.input));
+    }
   }
 }

@@ -148,7 +148,8 @@ class batch_maker {
         const auto sample = index_of[k];
         try {
           data::example e = data_.get(sample);
-          std::mt19937_64 rng(sample_seed(epoch, begin + k));
+          data::sample_rng rng(options_.seed, static_cast<std::uint64_t>(epoch),
+                               static_cast<std::uint64_t>(begin + k), static_cast<std::uint64_t>(options_.rank));
           transform_(e, rng);
           if (k == 0) out = kiln::detail::collator(end - begin, e);
           out.put(k, sample, e);
@@ -161,15 +162,6 @@ class batch_maker {
       }
       return out.take();
     }
-  }
-
-  std::uint64_t sample_seed(std::int64_t epoch, std::int64_t position_in_epoch) const {
-    std::seed_seq seq{static_cast<std::uint32_t>(options_.seed), static_cast<std::uint32_t>(options_.seed >> 32),
-                      static_cast<std::uint32_t>(epoch), static_cast<std::uint32_t>(position_in_epoch),
-                      static_cast<std::uint32_t>(options_.rank)};
-    std::uint32_t words[2];
-    seq.generate(words, words + 2);
-    return std::uint64_t{words[0]} << 32 | words[1];
   }
 
   // The epoch's samples for this rank; workers near an epoch's end need two epochs at once.

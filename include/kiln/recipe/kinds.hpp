@@ -34,6 +34,8 @@ inline constexpr policy_kind policy_kinds[] = {
     {"checkpointing", "every-nth", "kiln::checkpointing::every_nth"},
     {"checkpointing", "selective", "kiln::checkpointing::selective"},
     {"sharding", "single", "kiln::sharding::single"},
+    {"sharding", "ddp", "kiln::sharding::ddp"},
+    {"sharding", "local-sgd", "kiln::sharding::local_sgd"},
     {"optimizer", "sgd", "kiln::optim::sgd"},
     {"optimizer", "adamw", "kiln::optim::adamw"},
     {"optimizer", "adafactor", "kiln::optim::adafactor"},

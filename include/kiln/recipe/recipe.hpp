@@ -60,13 +60,17 @@ struct model_settings {
 
 struct data_settings {
   std::string kind = "fashion-mnist";
-  std::string path = "/usr/share/datasets/fashion-mnist";
+  std::string path;  // empty: the kind's default
+  double eval_fraction = 0.05;
   std::int64_t batch_size = 64;
   std::int64_t eval_batch_size = 1000;
   bool shuffle = true;
   double delay_ms = 0;
   std::int64_t workers = 0;
   std::int64_t prefetch = 2;
+  // augmentation of training images (fashion-mnist)
+  std::int64_t crop_padding = 0;
+  double flip = 0.0;
   // synthetic data sets
   std::int64_t samples = 4096;
   std::int64_t eval_samples = 1024;
@@ -77,9 +81,16 @@ struct data_settings {
 
   template <class V>
   void describe(V& v) {
-    v.field("kind", kind, "fashion-mnist, synthetic-classification or synthetic-tokens",
-            checks::one_of({"fashion-mnist", "synthetic-classification", "synthetic-tokens"}));
-    if (kind == "fashion-mnist") v.field("path", path, "folder with the *-ubyte.gz files", checks::not_empty);
+    v.field("kind", kind, "fashion-mnist, text, synthetic-classification or synthetic-tokens",
+            checks::one_of({"fashion-mnist", "text", "synthetic-classification", "synthetic-tokens"}));
+    if (kind == "fashion-mnist") {
+      if (path.empty()) path = "/usr/share/datasets/fashion-mnist";
+      v.field("path", path, "folder with the *-ubyte.gz files", checks::not_empty);
+    }
+    if (kind == "text") {
+      if (path.empty()) path = "/usr/share/games/fortunes";
+      v.field("path", path, "a text file, or a folder of them read recursively (byte tokens)", checks::not_empty);
+    }
     v.field("batch_size", batch_size, "samples per micro-batch", checks::positive);
     v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch", checks::positive);
     v.field("shuffle", shuffle, "reshuffle the training set every epoch");
@@ -89,7 +100,20 @@ struct data_settings {
             checks::non_negative);
     v.field("prefetch", prefetch, "batches made ahead of the one being trained on (at least workers)",
             checks::positive);
-    if (kind == "fashion-mnist") return;
+    if (kind == "fashion-mnist") {
+      v.field("crop_padding", crop_padding,
+              "augmentation: shift each training image by up to this many pixels (zero padding; 0: off)",
+              checks::non_negative);
+      v.field("flip", flip, "augmentation: probability of mirroring each training image left to right",
+              checks::in_range(0.0, 1.0));
+      return;
+    }
+    if (kind == "text") {
+      v.field("seq_len", seq_len, "tokens per packed sequence", checks::positive);
+      v.field("eval_fraction", eval_fraction, "share of the token stream held out for evaluation (its tail)",
+              checks::in_range(0.001, 0.5));
+      return;
+    }
     v.field("samples", samples, "training samples to generate", checks::positive);
     v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
     if (kind == "synthetic-classification") {

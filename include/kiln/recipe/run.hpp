@@ -9,12 +9,17 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include <torch/torch.h>
 
+#ifdef USE_C10D_GLOO
+#include "kiln/detail/process_group.hpp"
+#endif
 #include "kiln/data/fashion_mnist.hpp"
 #include "kiln/data/loader.hpp"
 #include "kiln/data/synthetic.hpp"
+#include "kiln/data/text.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/cnn.hpp"
 #include "kiln/models/gpt.hpp"
@@ -51,6 +56,12 @@ inline dataset_pair load_data(const recipe& r) {
             {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
             d.features, d.classes, 0};
   }
+  if (d.kind == "text") {
+    auto corpus = data::load_text({.path = d.path, .seq_len = d.seq_len, .eval_fraction = d.eval_fraction});
+    std::fprintf(stderr, "kiln: text corpus %s: %zu files, %lld bytes\n", d.path.c_str(), corpus.files.size(),
+                 (long long)corpus.bytes);
+    return {std::move(corpus.train), std::move(corpus.eval), 0, data::byte_vocabulary, d.seq_len};
+  }
   auto all = data::make_token_sequences(d.samples + d.eval_samples, d.seq_len, d.vocab_size, seed);
   return {{all.inputs.slice(0, 0, d.samples), all.targets.slice(0, 0, d.samples)},
           {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
@@ -67,7 +78,7 @@ inline dataset_pair load_data(const recipe& r) {
 // Builds the model the recipe names, checking that it fits the data.
 inline torch::nn::AnyModule make_model(const recipe& r, const dataset_pair& data) {
   const auto& m = r.model;
-  const bool tokens = r.data.kind == "synthetic-tokens";
+  const bool tokens = r.data.kind == "synthetic-tokens" || r.data.kind == "text";
   if (tokens != (m.kind == "gpt"))
     throw config_error(r.file.string() + ": model.kind = \"" + m.kind + "\" cannot train on [data] kind = \"" +
                        r.data.kind + "\" (token data needs gpt; gpt needs token data)");
@@ -155,26 +166,28 @@ inline std::int64_t resolve_threads(std::int64_t requested) {
   return std::max<std::int64_t>(1, std::thread::hardware_concurrency());
 }
 
-template <class Trainer>
-fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
-  auto settings = typename Trainer::settings{};
-  settings.accelerator = read_policy_settings<Trainer>(r);
-  auto [resolved, fingerprint] = resolve_recipe<Trainer>(r);
+namespace detail {
 
-  const auto threads = resolve_threads(r.train.threads);
-  at::set_num_threads(static_cast<int>(threads));
-  torch::manual_seed(static_cast<std::uint64_t>(r.train.seed));
+struct place_in_job {
+  std::int64_t rank = 0, world = 1;
+};
 
-  auto data = detail::load_data(r);
-  auto model = detail::make_model(r, data);
+// This process's rank and the job's size, for a sharding policy whose ranks come from the launch
+// environment (torchrun's variables): the loader gives each rank its shard of every epoch.
+template <class Sharding>
+place_in_job process_place() {
+  if constexpr (requires { Sharding::distributed; }) {
+#ifdef USE_C10D_GLOO
+    if (const auto env = read_dist_env()) return {env->rank, env->world};
+#endif
+  }
+  return {};
+}
 
-  data::batch_loader loader(data.train, {.batch_size = r.data.batch_size,
-                                         .shuffle = r.data.shuffle,
-                                         .drop_last = true,
-                                         .seed = static_cast<std::uint64_t>(r.train.seed),
-                                         .delay_ms = r.data.delay_ms,
-                                         .workers = r.data.workers,
-                                         .prefetch = r.data.prefetch});
+// The part of run_recipe that depends on the loader's type (augmented or not).
+template <class Trainer, class Loader>
+fit_summary fit_recipe(const recipe& r, const run_request& request, typename Trainer::settings settings,
+                       torch::nn::AnyModule& model, Loader& loader, const dataset_pair& data) {
   const typename Trainer::accelerator_t::accumulation_t accumulation(settings.accelerator.accumulation);
   const auto steps_per_epoch = detail::optimizer_steps_per_epoch(accumulation, loader.batches_per_epoch());
   if (steps_per_epoch == 0)
@@ -192,18 +205,50 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
   o.resume = r.run.resume == "auto";
   o.progress = request.progress;
   o.diagnostics = r.diagnostics;
-  o.recipe_text = resolved;
-  o.fingerprint = fingerprint;
+  std::tie(o.recipe_text, o.fingerprint) = resolve_recipe<Trainer>(r);
 
   std::int64_t parameters = 0;
   for (const auto& p : model.ptr()->parameters()) parameters += p.numel();
   std::fprintf(stderr, "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %lld threads\n",
                r.info.name.c_str(), r.combination().c_str(), (long long)parameters,
                (long long)data.train.inputs.size(0), (long long)data.eval.inputs.size(0), (long long)o.steps,
-               (long long)threads);
+               (long long)at::get_num_threads());
 
   Trainer trainer(std::move(settings));
   return trainer.fit(model, loader, &data.eval);
+}
+
+}  // namespace detail
+
+template <class Trainer>
+fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
+  auto settings = typename Trainer::settings{};
+  settings.accelerator = read_policy_settings<Trainer>(r);  // a recipe's mistakes show before the data loads
+
+  const auto threads = resolve_threads(r.train.threads);
+  at::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(static_cast<std::uint64_t>(r.train.seed));
+
+  auto data = detail::load_data(r);
+  auto model = detail::make_model(r, data);
+  const auto place = detail::process_place<typename Trainer::accelerator_t::sharding_t>();
+
+  const data::loader_options loader_options{.batch_size = r.data.batch_size,
+                                            .shuffle = r.data.shuffle,
+                                            .drop_last = true,
+                                            .seed = static_cast<std::uint64_t>(r.train.seed),
+                                            .delay_ms = r.data.delay_ms,
+                                            .workers = r.data.workers,
+                                            .prefetch = r.data.prefetch,
+                                            .rank = place.rank,
+                                            .world = place.world};
+  if (r.data.crop_padding > 0 || r.data.flip > 0) {
+    data::loader loader(data::in_memory(data.train), loader_options,
+                        data::compose(data::random_crop{r.data.crop_padding}, data::horizontal_flip{r.data.flip}));
+    return detail::fit_recipe<Trainer>(r, request, std::move(settings), model, loader, data);
+  }
+  data::batch_loader loader(data.train, loader_options);
+  return detail::fit_recipe<Trainer>(r, request, std::move(settings), model, loader, data);
 }
 
 }  // namespace kiln

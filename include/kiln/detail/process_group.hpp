@@ -1,0 +1,269 @@
+// kiln/detail/process_group.hpp: the process group kiln's distributed training talks through.
+//
+// A thin layer over c10d: a TCPStore for the rendezvous (rank 0 serves it) and a Gloo process
+// group for the collectives, set up from torchrun's environment. It adds what c10d leaves to its
+// callers: a checked environment, one error type naming the rank and the collective that failed,
+// a guard against Gloo's silent misuse cases, and a count of collectives (tests check bucketing
+// with it).
+//
+// LibTorch 1.13 and 2.x need no version branch here. ProcessGroupGloo derives from
+// c10d::ProcessGroup in 1.13 and from c10d::Backend in 2.x (where c10d::ProcessGroup became a
+// wrapper dispatching to backends), but both declare these collectives, Options::create and the
+// device helpers with the same signatures, and kiln holds the ProcessGroupGloo itself. Only code
+// that must hand a c10d::ProcessGroup to c10d (the Reducer, say) would need the 2.x wrapper.
+#pragma once
+
+#ifndef USE_C10D_GLOO
+#error "kiln/detail/process_group.hpp needs USE_C10D_GLOO (kiln::dependencies defines it where libgloo-dev is installed)"
+#endif
+
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "kiln/errors.hpp"
+
+namespace kiln::detail {
+
+// Where this process sits in the job, as torchrun describes it.
+struct dist_env {
+  std::int64_t rank = 0;
+  std::int64_t world = 1;
+  std::int64_t local_rank = 0;   // rank among the processes on this host
+  std::int64_t local_world = 1;  // processes on this host
+  std::string master_addr;       // host of rank 0, which serves the TCPStore
+  int master_port = 0;
+};
+
+namespace dist_env_detail {
+
+inline std::string show(const char* name, std::string_view value) {
+  return std::string(name) + "='" + std::string(value) + "'";
+}
+
+// The whole value must be a decimal integer in [lo, hi]: no sign games, spaces or suffixes.
+inline std::int64_t parse_int(const char* name, std::string_view value, std::int64_t lo, std::int64_t hi) {
+  std::int64_t out = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || out < lo || out > hi) {
+    throw config_error(show(name, value) + ": expected an integer from " + std::to_string(lo) + " to " +
+                       std::to_string(hi));
+  }
+  return out;
+}
+
+inline const char* require(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    throw config_error(std::string("RANK and WORLD_SIZE are set but ") + name +
+                       " is not: a distributed launch sets all of RANK, WORLD_SIZE, LOCAL_RANK, "
+                       "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun does");
+  }
+  return value;
+}
+
+}  // namespace dist_env_detail
+
+// Reads torchrun's variables. Neither RANK nor WORLD_SIZE set: not a distributed launch
+// (nullopt). Otherwise all six must be set and agree: a launcher that sets only some of them
+// cannot be trusted to have started the rest of the job the way kiln assumes.
+inline std::optional<dist_env> read_dist_env() {
+  using namespace dist_env_detail;
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (rank == nullptr && world == nullptr) return std::nullopt;
+  if (rank == nullptr) throw config_error(show("WORLD_SIZE", world) + " is set but RANK is not");
+  if (world == nullptr) throw config_error(show("RANK", rank) + " is set but WORLD_SIZE is not");
+  dist_env env;
+  env.world = parse_int("WORLD_SIZE", world, 1, INT32_MAX);  // c10d takes ranks and sizes as int
+  env.rank = parse_int("RANK", rank, 0, env.world - 1);
+  env.local_world = parse_int("LOCAL_WORLD_SIZE", require("LOCAL_WORLD_SIZE"), 1, env.world);
+  env.local_rank = parse_int("LOCAL_RANK", require("LOCAL_RANK"), 0, env.local_world - 1);
+  env.master_addr = require("MASTER_ADDR");
+  if (env.master_addr.empty()) throw config_error("MASTER_ADDR is set but empty");
+  // Port 0 would have rank 0 bind a port of its choosing, which the other ranks cannot know.
+  env.master_port = static_cast<int>(parse_int("MASTER_PORT", require("MASTER_PORT"), 1, 65535));
+  return env;
+}
+
+// A collective in flight. Gloo runs it on its own threads; failures show only when it is waited
+// on, so this is where they become distributed_error. The collective holds its tensors, and
+// dropping this object does not cancel it.
+class [[nodiscard]] pending_collective {
+ public:
+  pending_collective(c10::intrusive_ptr<c10d::Work> work, std::string description)
+      : work_(std::move(work)), description_(std::move(description)) {}
+
+  // Blocks until the collective is done on this rank: its output tensors are then final.
+  void wait() {
+    try {
+      work_->wait();
+    } catch (const c10::Error& e) {
+      throw distributed_error(description_ + " failed: " + e.what_without_backtrace());
+    } catch (const std::exception& e) {  // Gloo's own, e.g. gloo::IoException for a closed peer
+      throw distributed_error(description_ + " failed: " + e.what());
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string description_;
+};
+
+// This process's membership in a Gloo group over TCP. Every rank must launch the same
+// collectives in the same order: Gloo matches them up by their sequence. Launching from
+// another thread (an autograd hook) is fine; two threads racing to launch is not, as their
+// order would differ between ranks.
+//
+// Destroying the group waits for the collectives still in flight, so unwinding past one whose
+// peer hangs takes up to the timeout.
+class process_group {
+ public:
+  enum class collective { allreduce, broadcast, allgather, barrier };
+
+  // c10d's default, which torch.distributed uses for Gloo.
+  static constexpr std::chrono::milliseconds default_timeout = std::chrono::minutes(30);
+
+  // Blocks until every rank has joined. The store is needed only for that, and Gloo keeps it (on
+  // rank 0, the server) until the group is destroyed. `timeout` bounds the rendezvous: rank 0
+  // reports a rank that never came after about twice the timeout, as TCPStore's wait for workers
+  // gives up silently and Gloo's own wait expires after it. It bounds each collective too: a
+  // peer that stops answering fails the collective after it, one that exits fails it at once.
+  explicit process_group(const dist_env& env, std::chrono::milliseconds timeout = default_timeout)
+      : rank_(env.rank), world_(env.world), timeout_(timeout) {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(
+          env.master_addr, c10d::TCPStoreOptions{.port = static_cast<std::uint16_t>(env.master_port),
+                                                 .isServer = env.rank == 0,
+                                                 .numWorkers = static_cast<std::size_t>(env.world),
+                                                 .waitWorkers = true,
+                                                 .timeout = timeout});
+      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+      options->devices.push_back(gloo_device(env.master_addr));
+      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
+                                                          static_cast<int>(env.world), options);
+    } catch (const c10::Error& e) {
+      throw distributed_error(joining(env) + e.what_without_backtrace());
+    } catch (const std::exception& e) {  // c10d::TimeoutError, gloo::IoException, ...
+      throw distributed_error(joining(env) + e.what());
+    }
+  }
+
+  process_group(const process_group&) = delete;
+  process_group& operator=(const process_group&) = delete;
+
+  std::int64_t rank() const { return rank_; }
+  std::int64_t world() const { return world_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Collectives of one kind this rank has launched, counting those c10d rejected at launch.
+  std::int64_t launched(collective c) const { return launched_[static_cast<std::size_t>(c)].load(); }
+
+  // Each collective takes single tensors. In c10d a tensor list means "this rank's copies of one
+  // tensor on several devices": Gloo sums the entries of an all-reduce list into each other and
+  // broadcasts the root's first entry into all of them. To reduce many tensors in one collective,
+  // flatten them into one (a DDP bucket). Tensors must be contiguous, views such as narrow() of
+  // a flat bucket included: Gloo ignores strides and would read and write the wrong elements.
+
+  // Sums `tensor` over all ranks, in place. Gloo has no average: divide afterwards.
+  pending_collective allreduce_sum(const at::Tensor& tensor) {
+    std::vector<at::Tensor> tensors{tensor};
+    return launch(collective::allreduce, tensors, [&] { return gloo_->allreduce(tensors); });
+  }
+
+  // Overwrites `tensor` with rank `root`'s.
+  pending_collective broadcast(const at::Tensor& tensor, std::int64_t root) {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    return launch(collective::broadcast, tensors, [&] { return gloo_->broadcast(tensors, options); });
+  }
+
+  // outputs[r] receives rank r's `input`; outputs holds world() tensors shaped like it. Gloo in
+  // 1.13 has no single-tensor all-gather (_allgather_base): to gather into one flat tensor, pass
+  // its chunk(world()) as outputs.
+  pending_collective allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+    std::vector<at::Tensor> inputs{input};
+    std::vector<std::vector<at::Tensor>> output_lists{outputs};
+    std::vector<at::Tensor> operands{input};
+    operands.insert(operands.end(), outputs.begin(), outputs.end());
+    return launch(collective::allgather, operands, [&] { return gloo_->allgather(output_lists, inputs); });
+  }
+
+  // Returns when every rank has reached its barrier.
+  void barrier() {
+    launch(collective::barrier, {}, [&] { return gloo_->barrier(); }).wait();
+  }
+
+ private:
+  // Gloo binds the device's address and publishes it to the peers through the store.
+  // GLOO_SOCKET_IFNAME picks the interface, as in torch.distributed. A loopback master means
+  // that every rank runs on this host, so loopback serves and needs no name resolution;
+  // otherwise bind the address this host's name resolves to, as torch.distributed does.
+  static std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+    if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface != nullptr && *interface != '\0') {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+    }
+    if (master_addr == "localhost" || master_addr == "::1" || master_addr.starts_with("127.")) {
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    }
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+
+  std::string joining(const dist_env& env) const {
+    return "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": joining the process group at " +
+           env.master_addr + ":" + std::to_string(env.master_port) + " (timeout " +
+           std::to_string(timeout_.count()) + " ms) failed: ";
+  }
+
+  // E.g. "rank 1 of 4: allreduce #12 of 26214400 bytes (timeout 1800000 ms)".
+  std::string describe(collective c, std::int64_t number, const std::vector<at::Tensor>& operands) const {
+    static constexpr std::array<const char*, 4> names{"allreduce", "broadcast", "allgather", "barrier"};
+    std::string s = "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " +
+                    names[static_cast<std::size_t>(c)] + " #" + std::to_string(number);
+    if (!operands.empty()) s += " of " + std::to_string(operands[0].nbytes()) + " bytes";
+    return s + " (timeout " + std::to_string(timeout_.count()) + " ms)";
+  }
+
+  // operands: every tensor the collective reads or writes, the one that sizes it first.
+  template <class Start>
+  pending_collective launch(collective c, const std::vector<at::Tensor>& operands, Start&& start) {
+    const std::int64_t number = launched_[static_cast<std::size_t>(c)].fetch_add(1) + 1;
+    std::string description = describe(c, number, operands);
+    for (const auto& t : operands) {
+      if (t.defined() && !t.is_contiguous()) {
+        throw distributed_error(description + " needs contiguous tensors (Gloo ignores strides)");
+      }
+    }
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start();
+    } catch (const c10::Error& e) {  // c10d's argument checks
+      throw distributed_error(description + " failed to launch: " + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw distributed_error(description + " failed to launch: " + e.what());
+    }
+    return pending_collective(std::move(work), std::move(description));
+  }
+
+  std::int64_t rank_;
+  std::int64_t world_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
+  std::array<std::atomic<std::int64_t>, 4> launched_{};
+};
+
+}  // namespace kiln::detail

@@ -1,0 +1,160 @@
+// kiln/sharding/ddp.hpp: distributed data parallel, PyTorch DDP's algorithm on c10d (Gloo here).
+//
+// Every rank holds the whole model and trains on its own shard of each batch; the gradients are
+// averaged over ranks before each optimizer step, so all ranks take the same step and stay
+// identical (and equal to one process training on the global batch).
+// - prepare(): rank 0's parameters are broadcast to every rank.
+// - The gradients are averaged in buckets of about bucket_mb, in reverse parameter order: a hook
+//   on each parameter copies its gradient into its bucket as backward produces it, and a full
+//   bucket's all-reduce starts at once, on Gloo's threads, while backward goes on with the
+//   earlier layers. Buckets are launched in bucket order, so every rank issues the same
+//   collectives in the same order even if its hooks fire in a different one.
+// - no_sync() (accumulation's non-final micro-steps): hooks do nothing and gradients accumulate
+//   locally; the final micro-step's bucket holds the window's sum, so each optimizer step costs
+//   exactly one all-reduce per bucket whatever the accumulation.
+// - finish_backward() launches what backward did not fill (parameters unused this step send
+//   their current gradient, or zeros), waits for every bucket and writes the averages back into
+//   the parameters' .grad.
+// Buffers (BatchNorm statistics) are broadcast at prepare() only; ranks' running statistics then
+// evolve with their own data (torch DDP re-broadcasts them every forward by default).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/concepts.hpp"
+#include "kiln/recipe/fields.hpp"
+#include "kiln/sharding/detail/replicated.hpp"
+
+namespace kiln::sharding {
+
+class ddp : public kiln::detail::replicated_base {
+ public:
+  using axis = kiln::axis::sharding;
+  static constexpr std::string_view kind = "ddp";
+  static constexpr bool distributed = true;  // its ranks come from the launch environment
+
+  struct settings {
+    double bucket_mb = 25.0;   // torch DDP's bucket_cap_mb
+    double timeout_s = 300.0;  // a peer silent this long fails the job
+    template <class V>
+    void describe(V& v) {
+      v.field("bucket_mb", bucket_mb, "gradient bucket size in MB: one all-reduce per bucket", checks::positive);
+      v.field("timeout_s", timeout_s,
+              "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
+              checks::positive);
+    }
+  };
+
+  explicit ddp(const settings& s) : replicated_base(kind, s.timeout_s), settings_(s) {}
+  ddp(const ddp&) = delete;  // the gradient hooks hold `this`
+  ddp& operator=(const ddp&) = delete;
+
+  void prepare(torch::nn::Module& model) {
+    params_ = kiln::detail::trainable_parameters(model);
+    buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/false);
+    std::vector<torch::Tensor> buffers;
+    for (auto& b : model.buffers(/*recurse=*/true))
+      if (b.is_floating_point() || b.scalar_type() == torch::kLong) buffers.push_back(b);
+    auto buffer_buckets = kiln::detail::make_buckets(buffers, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    kiln::detail::sync_parameters(*group_, buffer_buckets, buffers, /*average=*/false);
+
+    slot_of_.assign(params_.size(), {0, 0});
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (std::size_t k = 0; k < buckets_[b].members.size(); ++k) slot_of_[buckets_[b].members[k]] = {b, k};
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      params_[i].register_hook([this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
+    start_backward();
+  }
+
+  class scope {
+   public:
+    explicit scope(ddp* owner) : owner_(owner), was_(owner->syncing_) { owner_->syncing_ = false; }
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
+    ~scope() { owner_->syncing_ = was_; }
+
+   private:
+    ddp* owner_;
+    bool was_;
+  };
+  scope no_sync() { return scope(this); }
+
+  void finish_backward() {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_)
+      for (std::size_t k = 0; k < b.members.size() && b.waiting > 0; ++k) {
+        // Members whose hook did not fire (unused this step) send what they have.
+        const auto& p = params_[b.members[k]];
+        if (!arrived_[b.members[k]]) fill(b, k, p.grad().defined() ? p.grad() : torch::zeros_like(p));
+      }
+    launch_ready_buckets();
+    const double world = static_cast<double>(world_size());
+    for (auto& b : buckets_) {
+      b.in_flight->wait();
+      b.in_flight.reset();
+      b.flat.div_(world);
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        auto& p = params_[b.members[k]];
+        if (p.grad().defined()) p.mutable_grad().copy_(b.slot(k, p));
+        else p.mutable_grad() = b.slot(k, p).clone();
+      }
+    }
+    start_backward();
+  }
+
+  // Gradient all-reduces launched so far, and the buckets: tests and the summary check that an
+  // optimizer step costs one all-reduce per bucket.
+  std::int64_t gradient_allreduces() const { return gradient_allreduces_; }
+  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
+
+ private:
+  // A parameter's gradient for this backward: its slot gets it plus what earlier micro-steps of
+  // the window accumulated in .grad (AccumulateGrad adds it to .grad after this hook; the bucket
+  // then holds the window's sum). Runs on the thread that called backward().
+  void on_gradient(std::size_t i, const torch::Tensor& grad) {
+    if (!syncing_) return;
+    torch::NoGradGuard no_grad;
+    const auto [b, k] = slot_of_[i];
+    const auto& p = params_[i];
+    fill(buckets_[b], k, p.grad().defined() ? grad + p.grad() : grad);
+    arrived_[i] = true;
+    launch_ready_buckets();
+  }
+
+  void fill(kiln::detail::param_bucket& b, std::size_t k, const torch::Tensor& value) {
+    b.slot(k, params_[b.members[k]]).copy_(value);
+    --b.waiting;
+  }
+
+  // Launches full buckets in bucket order, from the first not yet launched.
+  void launch_ready_buckets() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) {
+      auto& b = buckets_[next_launch_++];
+      b.in_flight.emplace(group_->allreduce_sum(b.flat));
+      ++gradient_allreduces_;
+    }
+  }
+
+  void start_backward() {
+    for (auto& b : buckets_) b.waiting = static_cast<std::int64_t>(b.members.size());
+    arrived_.assign(params_.size(), false);
+    next_launch_ = 0;
+  }
+
+  settings settings_;
+  std::vector<torch::Tensor> params_;
+  std::vector<kiln::detail::param_bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> slot_of_;  // parameter -> (bucket, member)
+  std::vector<bool> arrived_;
+  std::size_t next_launch_ = 0;
+  bool syncing_ = true;
+  std::int64_t gradient_allreduces_ = 0;
+};
+
+}  // namespace kiln::sharding

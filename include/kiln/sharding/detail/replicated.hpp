@@ -1,0 +1,126 @@
+// kiln/sharding/detail/replicated.hpp: what the replicated-parameter policies (ddp, local-sgd)
+// share: joining the job's process group, flat buckets over the parameters, and the small
+// collectives the accelerator asks every sharding policy for.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/detail/process_group.hpp"
+#include "kiln/errors.hpp"
+
+namespace kiln::detail {
+
+// The process group of a job started by `kiln launch` or torchrun; a clear error otherwise.
+inline std::unique_ptr<process_group> join_process_group(std::string_view kind, double timeout_s) {
+  auto env = read_dist_env();
+  if (!env)
+    throw config_error("[sharding] kind = \"" + std::string(kind) +
+                       "\" needs its ranks started together: run `kiln launch -n N RECIPE`, or torchrun, which set "
+                       "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (unset here)");
+  return std::make_unique<process_group>(
+      *env, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0)));
+}
+
+// A run of parameters of one dtype laid end to end in one contiguous tensor: one collective per
+// bucket instead of one per parameter (Gloo's per-message latency dominates small tensors).
+struct param_bucket {
+  torch::Tensor flat;
+  std::vector<std::size_t> members;   // indices into the parameter list
+  std::vector<std::int64_t> offsets;  // of each member in flat
+  std::int64_t waiting = 0;           // members whose gradient has not arrived in this backward
+  std::optional<pending_collective> in_flight;
+
+  torch::Tensor slot(std::size_t k, const torch::Tensor& like) const {
+    return flat.narrow(0, offsets[k], like.numel()).view(like.sizes());
+  }
+};
+
+// Buckets of at most cap_bytes (one parameter larger than that gets a bucket of its own), in
+// reverse parameter order: backward produces the last layers' gradients first, so the first
+// bucket fills first and its all-reduce starts while earlier layers are still differentiating.
+inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& params, std::int64_t cap_bytes) {
+  std::vector<param_bucket> buckets;
+  std::int64_t bytes = 0, elements = 0;
+  auto close = [&] {
+    if (buckets.empty() || buckets.back().members.empty()) return;
+    const auto& first = params[buckets.back().members.front()];
+    buckets.back().flat = torch::zeros({elements}, first.options());
+    bytes = elements = 0;
+  };
+  for (std::size_t i = params.size(); i-- > 0;) {
+    const auto& p = params[i];
+    if (p.is_sparse()) throw config_error("ddp/local-sgd: sparse parameters are not supported");
+    const auto size = static_cast<std::int64_t>(p.numel() * p.element_size());
+    const bool new_bucket = buckets.empty() || (bytes > 0 && bytes + size > cap_bytes) ||
+                            params[buckets.back().members.front()].scalar_type() != p.scalar_type();
+    if (new_bucket) close(), buckets.emplace_back();
+    buckets.back().members.push_back(i);
+    buckets.back().offsets.push_back(elements);
+    bytes += size;
+    elements += p.numel();
+  }
+  close();
+  return buckets;
+}
+
+// The trainable parameters of `model`, in registration order (the same on every rank).
+inline std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model) {
+  std::vector<torch::Tensor> params;
+  for (auto& p : model.parameters(/*recurse=*/true))
+    if (p.requires_grad()) params.push_back(p);
+  return params;
+}
+
+// Launches one collective per bucket on the values of its members, then waits for all: the
+// bucket-sized messages travel back to back. `average`: sum, then divide by world (Gloo has no
+// average); else rank 0's values replace everyone's.
+inline void sync_parameters(process_group& group, std::vector<param_bucket>& buckets,
+                            const std::vector<torch::Tensor>& params, bool average) {
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets) {
+    for (std::size_t k = 0; k < b.members.size(); ++k) b.slot(k, params[b.members[k]]).copy_(params[b.members[k]]);
+    b.in_flight.emplace(average ? group.allreduce_sum(b.flat) : group.broadcast(b.flat, 0));
+  }
+  for (auto& b : buckets) {
+    b.in_flight->wait();
+    b.in_flight.reset();
+    if (average) b.flat.div_(static_cast<double>(group.world()));
+    for (std::size_t k = 0; k < b.members.size(); ++k) params[b.members[k]].copy_(b.slot(k, params[b.members[k]]));
+  }
+}
+
+// The members every sharding policy has, for a policy holding a process group.
+class replicated_base {
+ public:
+  replicated_base(std::string_view kind, double timeout_s) : group_(join_process_group(kind, timeout_s)) {}
+
+  std::int64_t rank() const { return group_->rank(); }
+  std::int64_t world_size() const { return group_->world(); }
+
+  // All ranks must agree to step (the precision axis's finite check): one 1-element all-reduce.
+  bool all_ranks_true(bool local) {
+    auto votes_against = torch::full({1}, local ? 0.0f : 1.0f);
+    group_->allreduce_sum(votes_against).wait();
+    return votes_against.item<float>() == 0.0f;
+  }
+
+  torch::Tensor sum_over_ranks(const torch::Tensor& t) {
+    auto total = t.contiguous().clone();
+    group_->allreduce_sum(total).wait();
+    return total;
+  }
+
+  process_group& group() { return *group_; }
+
+ protected:
+  std::unique_ptr<process_group> group_;
+};
+
+}  // namespace kiln::detail

@@ -1,0 +1,77 @@
+// kiln/sharding/local_sgd.hpp: local SGD (Lin et al. 2018, "Don't use large mini-batches, use
+// local SGD"; Accelerate's LocalSGD).
+//
+// Every rank trains its own replica on its shard of the data with no gradient all-reduce at all;
+// every `sync_every` optimizer steps, and after the run's last step, the replicas' parameters
+// are averaged. With sync_every = 1 and a linear update rule (SGD, with or without momentum) this
+// is DDP exactly; larger values trade some agreement between replicas for sync_every times fewer
+// collectives. Optimizer state (momentum, Adam's moments) stays local to each rank, as in
+// Accelerate's LocalSGD.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kiln/concepts.hpp"
+#include "kiln/recipe/fields.hpp"
+#include "kiln/sharding/detail/replicated.hpp"
+
+namespace kiln::sharding {
+
+class local_sgd : public kiln::detail::replicated_base {
+ public:
+  using axis = kiln::axis::sharding;
+  static constexpr std::string_view kind = "local-sgd";
+  static constexpr bool distributed = true;
+
+  struct settings {
+    std::int64_t sync_every = 8;  // optimizer steps between parameter averages
+    double bucket_mb = 25.0;
+    double timeout_s = 300.0;
+    template <class V>
+    void describe(V& v) {
+      v.field("sync_every", sync_every, "optimizer steps between averages of the ranks' parameters",
+              checks::positive);
+      v.field("bucket_mb", bucket_mb, "parameter bucket size in MB: one all-reduce per bucket per average",
+              checks::positive);
+      v.field("timeout_s", timeout_s,
+              "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
+              checks::positive);
+    }
+  };
+
+  explicit local_sgd(const settings& s) : replicated_base(kind, s.timeout_s), settings_(s) {}
+
+  void prepare(torch::nn::Module& model) {
+    params_ = kiln::detail::trainable_parameters(model);
+    buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/false);
+  }
+
+  struct scope {};
+  scope no_sync() { return {}; }
+  void finish_backward() {}
+
+  // Called by the accelerator after each optimizer step (`step` counts them from 1; `total` is the
+  // run's length, 0 if unknown).
+  void after_optimizer_step(std::int64_t step, std::int64_t total) {
+    if (step % settings_.sync_every == 0 || step == total) {
+      kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/true);
+      ++averages_;
+    }
+  }
+
+  std::int64_t parameter_averages() const { return averages_; }
+  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
+
+ private:
+  settings settings_;
+  std::vector<torch::Tensor> params_;
+  std::vector<kiln::detail::param_bucket> buckets_;
+  std::int64_t averages_ = 0;
+};
+
+}  // namespace kiln::sharding

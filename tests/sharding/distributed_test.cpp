@@ -1,0 +1,208 @@
+// ddp and local-sgd with real processes over loopback, started by `kiln launch`: checked against
+// one process training on the global batch (the reference DDP must equal), by the collectives
+// they count, and by what happens when a rank dies.
+// kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
+#include <kiln/kiln.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "../temp_dir.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct cli_result {
+  int status = -1;
+  std::string output;
+};
+
+cli_result kiln_cli(const std::string& args) {
+  const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE '" KILN_CLI "' " + args + " 2>&1";
+  cli_result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  std::size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// A small classification job; `sharding` and `optimizer` pick a combination the CLI has compiled
+// (from recipes/ddp.toml, local-sgd.toml, quickstart.toml and cnn.toml).
+std::string job(const std::string& sharding, const std::string& optimizer, std::int64_t batch, std::int64_t steps,
+                std::int64_t accumulation = 1) {
+  std::ostringstream r;
+  r << "[recipe]\nname = \"dist\"\n"
+    << "[model]\nkind = \"mlp\"\nin_features = 16\nhidden = [32, 32]\nclasses = 4\ndropout = 0.0\n"
+    << "[data]\nkind = \"synthetic-classification\"\nfeatures = 16\nclasses = 4\nsamples = 2048\neval_samples = 256\n"
+    << "batch_size = " << batch << "\n"
+    << "[train]\nsteps = " << steps << "\nthreads = 1\nlog_every = 1\n"
+    << "[accumulation]\nsteps = " << accumulation << "\n"
+    << "[sharding]\n" << sharding << "\n"
+    << "[optimizer]\n" << optimizer << "\n";
+  return r.str();
+}
+
+const std::string adamw = "kind = \"adamw\"\nlr = 0.01";
+const std::string sgd = "kind = \"sgd\"\nlr = 0.1\nmomentum = 0.9";
+
+double max_parameter_difference(const fs::path& run_a, const fs::path& run_b) {
+  const auto a = kiln::load_state_file(run_a / "state.pt");
+  const auto b = kiln::load_state_file(run_b / "state.pt");
+  double worst = 0;
+  int compared = 0;
+  for (const auto& [name, value] : a) {
+    if (name.rfind("model/", 0) != 0) continue;
+    REQUIRE(b.count(name) == 1);
+    worst = std::max(worst, (value - b.at(name)).abs().max().item<double>());
+    ++compared;
+  }
+  REQUIRE(compared == 6);  // three Linear layers
+  return worst;
+}
+
+std::string read_file(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double summary_field(const fs::path& run, const std::string& key) {
+  const auto text = read_file(run / "summary.json");
+  const auto at = text.find("\"" + key + "\": ");
+  REQUIRE_MESSAGE(at != std::string::npos, key, " missing from ", text);
+  return std::stod(text.substr(at + key.size() + 4));
+}
+
+std::string run_dir_option(const fs::path& dir) { return " --set run.dir='" + dir.string() + "' --no-progress"; }
+
+}  // namespace
+
+TEST_SUITE("sharding") {
+  TEST_CASE("ddp: 2 ranks x 32 end with the parameters of 1 process x 64; one all-reduce per bucket per step") {
+    kiln::test::temp_dir dir("ddp_equal");
+    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002", adamw, 32, 6));
+    const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 6));
+    auto launched = kiln_cli("launch -n 2 '" + ddp_recipe.string() + "'" + run_dir_option(dir.path / "ddp"));
+    REQUIRE_MESSAGE(launched.status == 0, launched.output);
+    CHECK(launched.output.find("[rank 1]") != std::string::npos);
+    auto single = kiln_cli("run '" + single_recipe.string() + "'" + run_dir_option(dir.path / "single"));
+    REQUIRE_MESSAGE(single.status == 0, single.output);
+
+    CHECK(max_parameter_difference(dir.path / "ddp", dir.path / "single") <= 1e-5);
+    // 2 KB buckets split the 16-32-32-4 MLP's 2.3 K parameters (9 KB) into several.
+    const auto buckets = summary_field(dir.path / "ddp", "buckets");
+    CHECK(buckets > 2);
+    CHECK(summary_field(dir.path / "ddp", "gradient_allreduces") == 6 * buckets);
+    CHECK(summary_field(dir.path / "ddp", "world_size") == 2);
+  }
+
+  TEST_CASE("ddp with accumulation: 2 ranks x 2 micro-batches x 16 equal 1 x 64, still one all-reduce per bucket") {
+    kiln::test::temp_dir dir("ddp_accumulate");
+    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002", adamw, 16, 5, 2));
+    const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 5));
+    auto launched = kiln_cli("launch -n 2 '" + ddp_recipe.string() + "'" + run_dir_option(dir.path / "ddp"));
+    REQUIRE_MESSAGE(launched.status == 0, launched.output);
+    auto single = kiln_cli("run '" + single_recipe.string() + "'" + run_dir_option(dir.path / "single"));
+    REQUIRE_MESSAGE(single.status == 0, single.output);
+
+    CHECK(max_parameter_difference(dir.path / "ddp", dir.path / "single") <= 1e-5);
+    CHECK(summary_field(dir.path / "ddp", "gradient_allreduces") == 5 * summary_field(dir.path / "ddp", "buckets"));
+  }
+
+  TEST_CASE("local-sgd: sync_every = 1 equals one process on the global batch; sync_every = 4 averages 4x less") {
+    kiln::test::temp_dir dir("local_sgd");
+    const auto every_step = dir.write("every1.toml", job("kind = \"local-sgd\"\nsync_every = 1", sgd, 32, 8));
+    const auto every_4 = dir.write("every4.toml", job("kind = \"local-sgd\"\nsync_every = 4", sgd, 32, 8));
+    const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", sgd, 64, 8));
+    for (const auto& [recipe, run] : {std::pair{every_step, "every1"}, {every_4, "every4"}}) {
+      auto launched = kiln_cli("launch -n 2 '" + recipe.string() + "'" + run_dir_option(dir.path / run));
+      REQUIRE_MESSAGE(launched.status == 0, launched.output);
+    }
+    auto single = kiln_cli("run '" + single_recipe.string() + "'" + run_dir_option(dir.path / "single"));
+    REQUIRE_MESSAGE(single.status == 0, single.output);
+
+    // SGD with momentum is linear in the gradients: averaging parameters after every step is
+    // averaging gradients before it.
+    CHECK(max_parameter_difference(dir.path / "every1", dir.path / "single") <= 1e-5);
+    CHECK(max_parameter_difference(dir.path / "every4", dir.path / "single") > 1e-4);  // replicas drift between averages
+    CHECK(summary_field(dir.path / "every1", "parameter_averages") == 8);
+    CHECK(summary_field(dir.path / "every4", "parameter_averages") == 2);
+  }
+
+  TEST_CASE("kiln launch: a rank killed mid-run stops the job, non-zero, within the grace period") {
+    kiln::test::temp_dir dir("launch_kill");
+    const auto recipe = dir.write("long.toml", job("kind = \"ddp\"\ntimeout_s = 20", adamw, 32, 100000));
+    const std::string log = (dir.path / "launch.log").string();
+    const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE exec '" KILN_CLI "' launch -n 2 '" +
+                                recipe.string() + "' --grace 15" + run_dir_option(dir.path / "run") + " > '" + log +
+                                "' 2>&1";
+    const pid_t launcher = ::fork();
+    REQUIRE(launcher >= 0);
+    if (launcher == 0) {
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Wait until training runs (rank 0 writes metrics), then kill rank 1.
+    const auto metrics = dir.path / "run" / "metrics.jsonl";
+    for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE_MESSAGE(fs::exists(metrics), read_file(log));
+    pid_t rank1 = -1;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const auto stat = read_file(entry.path() / "stat");
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream fields(stat.substr(close + 2));
+      char state;
+      pid_t parent = 0;
+      fields >> state >> parent;
+      if (parent != launcher) continue;
+      const auto environment = read_file(entry.path() / "environ");
+      if (environment.find(std::string("RANK=1") + '\0') != std::string::npos &&
+          environment.find(std::string("LOCAL_RANK=1")) != std::string::npos)
+        rank1 = static_cast<pid_t>(std::stoi(entry.path().filename().string()));
+    }
+    REQUIRE(rank1 > 0);
+    const auto killed_at = std::chrono::steady_clock::now();
+    ::kill(rank1, SIGKILL);
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    const auto output = read_file(log);
+    CHECK_MESSAGE(seconds < 20, output);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) != 0);
+    CHECK_MESSAGE(output.find("kiln launch: rank 1 was killed by signal") != std::string::npos, output);
+  }
+
+  TEST_CASE("ddp outside a launch, and torchrun variables that do not add up, are errors that say so") {
+    kiln::test::temp_dir dir("ddp_errors");
+    const auto recipe = dir.write("ddp.toml", job("kind = \"ddp\"", adamw, 32, 2));
+    auto alone = kiln_cli("run '" + recipe.string() + "'" + run_dir_option(dir.path / "run"));
+    CHECK(alone.status != 0);
+    CHECK_MESSAGE(alone.output.find("needs its ranks started together: run `kiln launch -n N RECIPE`") !=
+                      std::string::npos,
+                  alone.output);
+    auto skewed = kiln_cli("run '" + recipe.string() + "'" + run_dir_option(dir.path / "run2") +
+                           " ; RANK=2 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 '" +
+                           KILN_CLI "' run '" + recipe.string() + "'");
+    CHECK_MESSAGE(skewed.output.find("RANK='2': expected an integer from 0 to 1") != std::string::npos, skewed.output);
+  }
+}
