@@ -421,6 +421,8 @@ class trainer {
       line.add("gradient_allreduces", sharding.gradient_allreduces());
     if constexpr (requires { sharding.parameter_averages(); })
       line.add("parameter_averages", sharding.parameter_averages());
+    if constexpr (requires { sharding.collective_bytes(); }) line.add("collective_bytes", sharding.collective_bytes());
+    if constexpr (requires { sharding.allreduce_wait_s(); }) line.add("allreduce_wait_s", sharding.allreduce_wait_s());
     detail::write_text(options_.run_dir / "summary.json", line.str() + "\n");
   }
 

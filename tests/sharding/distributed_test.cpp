@@ -76,6 +76,14 @@ double max_parameter_difference(const fs::path& run_a, const fs::path& run_b) {
   return worst;
 }
 
+// Bytes of the model's parameters in a run's state: what one full all-reduce sends.
+double parameter_bytes(const fs::path& run) {
+  double bytes = 0;
+  for (const auto& [name, value] : kiln::load_state_file(run / "state.pt"))
+    if (name.rfind("model/", 0) == 0) bytes += static_cast<double>(value.numel() * value.element_size());
+  return bytes;
+}
+
 std::string read_file(const fs::path& file) {
   std::ifstream in(file);
   std::stringstream text;
@@ -95,9 +103,28 @@ std::string run_dir_option(const fs::path& dir) { return " --set run.dir='" + di
 }  // namespace
 
 TEST_SUITE("sharding") {
+  TEST_CASE("buckets: reverse parameter order, a small first bucket like torch DDP's, one dtype each") {
+    // A double parameter, then float ones of 100, 300, 200, 48 and 60 bytes; reverse order is
+    // what backward produces first.
+    std::vector<torch::Tensor> params = {torch::zeros({4}, torch::kDouble), torch::zeros({25}), torch::zeros({75}),
+                                         torch::zeros({50}), torch::zeros({12}), torch::zeros({15})};
+    const auto buckets = kiln::detail::make_buckets(params, /*cap_bytes=*/400, /*first_cap_bytes=*/100);
+    std::vector<std::vector<std::size_t>> members;
+    for (const auto& b : buckets) members.push_back(b.members);
+    // First float bucket: 60 + 48 would pass 100, so 60 alone; then 48 + 200 (+300 would pass
+    // 400); then 300 + 100 (exactly 400); then the double one, its dtype's first.
+    const std::vector<std::vector<std::size_t>> expected = {{5}, {4, 3}, {2, 1}, {0}};
+    CHECK(members == expected);
+    CHECK(buckets[1].flat.numel() == 62);
+    CHECK(buckets[1].offsets == std::vector<std::int64_t>{0, 12});
+    CHECK(((buckets[3].flat.scalar_type() == torch::kDouble)));
+    // Without a first cap, the first bucket takes 60 + 48 + 200.
+    CHECK(kiln::detail::make_buckets(params, 400).front().members.size() == 3);
+  }
+
   TEST_CASE("ddp: 2 ranks x 32 end with the parameters of 1 process x 64; one all-reduce per bucket per step") {
     kiln::test::temp_dir dir("ddp_equal");
-    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002", adamw, 32, 6));
+    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002\nfirst_bucket_mb = 0.002", adamw, 32, 6));
     const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 6));
     auto launched = kiln_cli("launch -n 2 '" + ddp_recipe.string() + "'" + run_dir_option(dir.path / "ddp"));
     REQUIRE_MESSAGE(launched.status == 0, launched.output);
@@ -106,16 +133,19 @@ TEST_SUITE("sharding") {
     REQUIRE_MESSAGE(single.status == 0, single.output);
 
     CHECK(max_parameter_difference(dir.path / "ddp", dir.path / "single") <= 1e-5);
-    // 2 KB buckets split the 16-32-32-4 MLP's 2.3 K parameters (9 KB) into several.
+    // 2 KB buckets split the 16-32-32-4 MLP's 1,732 parameters (6.9 KB) into several.
     const auto buckets = summary_field(dir.path / "ddp", "buckets");
     CHECK(buckets > 2);
     CHECK(summary_field(dir.path / "ddp", "gradient_allreduces") == 6 * buckets);
     CHECK(summary_field(dir.path / "ddp", "world_size") == 2);
+    CHECK(parameter_bytes(dir.path / "ddp") == 1732 * 4);
+    CHECK(summary_field(dir.path / "ddp", "collective_bytes") == 6 * parameter_bytes(dir.path / "ddp"));
+    CHECK(summary_field(dir.path / "ddp", "allreduce_wait_s") >= 0);
   }
 
   TEST_CASE("ddp with accumulation: 2 ranks x 2 micro-batches x 16 equal 1 x 64, still one all-reduce per bucket") {
     kiln::test::temp_dir dir("ddp_accumulate");
-    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002", adamw, 16, 5, 2));
+    const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002\nfirst_bucket_mb = 0.002", adamw, 16, 5, 2));
     const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 5));
     auto launched = kiln_cli("launch -n 2 '" + ddp_recipe.string() + "'" + run_dir_option(dir.path / "ddp"));
     REQUIRE_MESSAGE(launched.status == 0, launched.output);
@@ -144,6 +174,9 @@ TEST_SUITE("sharding") {
     CHECK(max_parameter_difference(dir.path / "every4", dir.path / "single") > 1e-4);  // replicas drift between averages
     CHECK(summary_field(dir.path / "every1", "parameter_averages") == 8);
     CHECK(summary_field(dir.path / "every4", "parameter_averages") == 2);
+    // A full set of parameters per average: 4x fewer bytes than DDP's all-reduce every step.
+    CHECK(summary_field(dir.path / "every4", "collective_bytes") == 2 * parameter_bytes(dir.path / "every4"));
+    CHECK(summary_field(dir.path / "every1", "collective_bytes") == 8 * parameter_bytes(dir.path / "every1"));
   }
 
   TEST_CASE("kiln launch: a rank killed mid-run stops the job, non-zero, within the grace period") {

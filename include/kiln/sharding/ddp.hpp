@@ -4,10 +4,10 @@
 // averaged over ranks before each optimizer step, so all ranks take the same step and stay
 // identical (and equal to one process training on the global batch).
 // - prepare(): rank 0's parameters are broadcast to every rank.
-// - The gradients are averaged in buckets of about bucket_mb, in reverse parameter order: a hook
-//   on each parameter copies its gradient into its bucket as backward produces it, and a full
-//   bucket's all-reduce starts at once, on Gloo's threads, while backward goes on with the
-//   earlier layers. Buckets are launched in bucket order, so every rank issues the same
+// - The gradients are averaged in buckets of about bucket_mb (the first: first_bucket_mb), in
+//   reverse parameter order: a hook on each parameter copies its gradient into its bucket as
+//   backward produces it, and a full bucket's all-reduce starts at once, on Gloo's threads, while
+//   backward goes on with the earlier layers. Buckets are launched in bucket order, so every rank issues the same
 //   collectives in the same order even if its hooks fire in a different one.
 // - no_sync() (accumulation's non-final micro-steps): hooks do nothing and gradients accumulate
 //   locally; the final micro-step's bucket holds the window's sum, so each optimizer step costs
@@ -19,6 +19,7 @@
 // evolve with their own data (torch DDP re-broadcasts them every forward by default).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -39,11 +40,15 @@ class ddp : public kiln::detail::replicated_base {
   static constexpr bool distributed = true;  // its ranks come from the launch environment
 
   struct settings {
-    double bucket_mb = 25.0;   // torch DDP's bucket_cap_mb
+    double bucket_mb = 25.0;        // torch DDP's bucket_cap_mb
+    double first_bucket_mb = 1.0;   // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
     double timeout_s = 300.0;  // a peer silent this long fails the job
     template <class V>
     void describe(V& v) {
       v.field("bucket_mb", bucket_mb, "gradient bucket size in MB: one all-reduce per bucket", checks::positive);
+      v.field("first_bucket_mb", first_bucket_mb,
+              "size in MB of the first bucket (the last layers): small, so its all-reduce starts early in backward",
+              checks::positive);
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);
@@ -56,12 +61,12 @@ class ddp : public kiln::detail::replicated_base {
 
   void prepare(torch::nn::Module& model) {
     params_ = kiln::detail::trainable_parameters(model);
-    buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    buckets_ = kiln::detail::make_buckets(params_, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
     kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/false);
     std::vector<torch::Tensor> buffers;
     for (auto& b : model.buffers(/*recurse=*/true))
       if (b.is_floating_point() || b.scalar_type() == torch::kLong) buffers.push_back(b);
-    auto buffer_buckets = kiln::detail::make_buckets(buffers, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    auto buffer_buckets = kiln::detail::make_buckets(buffers, megabytes(settings_.bucket_mb));
     kiln::detail::sync_parameters(*group_, buffer_buckets, buffers, /*average=*/false);
 
     slot_of_.assign(params_.size(), {0, 0});
@@ -96,7 +101,9 @@ class ddp : public kiln::detail::replicated_base {
     launch_ready_buckets();
     const double world = static_cast<double>(world_size());
     for (auto& b : buckets_) {
+      const auto waiting_since = std::chrono::steady_clock::now();
       b.in_flight->wait();
+      allreduce_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting_since).count();
       b.in_flight.reset();
       b.flat.div_(world);
       for (std::size_t k = 0; k < b.members.size(); ++k) {
@@ -112,6 +119,9 @@ class ddp : public kiln::detail::replicated_base {
   // optimizer step costs one all-reduce per bucket.
   std::int64_t gradient_allreduces() const { return gradient_allreduces_; }
   std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
+  // Seconds finish_backward() waited for all-reduces after backward ended: the communication
+  // backward did not hide (it includes waiting for a slower rank to finish its backward).
+  double allreduce_wait_s() const { return allreduce_wait_s_; }
 
  private:
   // A parameter's gradient for this backward: its slot gets it plus what earlier micro-steps of
@@ -127,6 +137,8 @@ class ddp : public kiln::detail::replicated_base {
     launch_ready_buckets();
   }
 
+  static std::int64_t megabytes(double mb) { return static_cast<std::int64_t>(mb * 1024 * 1024); }
+
   void fill(kiln::detail::param_bucket& b, std::size_t k, const torch::Tensor& value) {
     b.slot(k, params_[b.members[k]]).copy_(value);
     --b.waiting;
@@ -138,6 +150,7 @@ class ddp : public kiln::detail::replicated_base {
       auto& b = buckets_[next_launch_++];
       b.in_flight.emplace(group_->allreduce_sum(b.flat));
       ++gradient_allreduces_;
+      count_collective(b);
     }
   }
 
@@ -155,6 +168,7 @@ class ddp : public kiln::detail::replicated_base {
   std::size_t next_launch_ = 0;
   bool syncing_ = true;
   std::int64_t gradient_allreduces_ = 0;
+  double allreduce_wait_s_ = 0;
 };
 
 }  // namespace kiln::sharding

@@ -61,6 +61,7 @@ class local_sgd : public kiln::detail::replicated_base {
     if (step % settings_.sync_every == 0 || step == total) {
       kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/true);
       ++averages_;
+      for (const auto& b : buckets_) count_collective(b);
     }
   }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,15 @@ struct param_bucket {
 // Buckets of at most cap_bytes (one parameter larger than that gets a bucket of its own), in
 // reverse parameter order: backward produces the last layers' gradients first, so the first
 // bucket fills first and its all-reduce starts while earlier layers are still differentiating.
-inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& params, std::int64_t cap_bytes) {
+// first_cap_bytes (torch DDP: 1 MiB) caps the first bucket of each dtype: small, it fills after
+// the last few layers' gradients, so communication starts early instead of after most of backward.
+inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& params, std::int64_t cap_bytes,
+                                              std::int64_t first_cap_bytes = -1) {
+  if (first_cap_bytes < 0) first_cap_bytes = cap_bytes;
   std::vector<param_bucket> buckets;
   std::int64_t bytes = 0, elements = 0;
+  std::set<c10::ScalarType> dtypes_seen;
+  bool first_of_dtype = false;  // the open bucket is its dtype's first
   auto close = [&] {
     if (buckets.empty() || buckets.back().members.empty()) return;
     const auto& first = params[buckets.back().members.front()];
@@ -58,9 +65,14 @@ inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& 
     const auto& p = params[i];
     if (p.is_sparse()) throw config_error("ddp/local-sgd: sparse parameters are not supported");
     const auto size = static_cast<std::int64_t>(p.numel() * p.element_size());
-    const bool new_bucket = buckets.empty() || (bytes > 0 && bytes + size > cap_bytes) ||
+    const auto cap = first_of_dtype ? first_cap_bytes : cap_bytes;
+    const bool new_bucket = buckets.empty() || (bytes > 0 && bytes + size > cap) ||
                             params[buckets.back().members.front()].scalar_type() != p.scalar_type();
-    if (new_bucket) close(), buckets.emplace_back();
+    if (new_bucket) {
+      close();
+      buckets.emplace_back();
+      first_of_dtype = dtypes_seen.insert(p.scalar_type()).second;
+    }
     buckets.back().members.push_back(i);
     buckets.back().offsets.push_back(elements);
     bytes += size;
@@ -119,8 +131,15 @@ class replicated_base {
 
   process_group& group() { return *group_; }
 
+  // Bytes this rank sent into training collectives (gradient all-reduces, parameter averages;
+  // not the start-up broadcast): the summary's measure of a policy's communication volume.
+  std::int64_t collective_bytes() const { return collective_bytes_; }
+
  protected:
+  void count_collective(const param_bucket& b) { collective_bytes_ += b.flat.numel() * b.flat.element_size(); }
+
   std::unique_ptr<process_group> group_;
+  std::int64_t collective_bytes_ = 0;
 };
 
 }  // namespace kiln::detail
