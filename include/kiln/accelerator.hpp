@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/device.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/policies.hpp"
@@ -59,6 +60,7 @@ class accelerator {
     schedule_settings scheduler{};
     double clip_grad_norm = 0.0;   // max global L2 norm of the gradients; 0 = no clipping
     std::int64_t total_steps = 0;  // optimizer steps in the run, for decaying schedules
+    std::string device = "auto";   // kiln/device.hpp: "auto", "cpu", "cuda" or "cuda:N"
   };
 
   explicit accelerator(settings s = {})
@@ -69,11 +71,18 @@ class accelerator {
         sharding_(settings_.sharding),
         optimizer_(settings_.optimizer),
         profiler_(settings_.profiler),
-        window_(accumulation_.micro_steps()) {}
+        device_(resolve_device(settings_.device)),
+        window_(accumulation_.micro_steps()) {
+    if constexpr (requires { precision_t::needs_cuda; })
+      if (!device_.is_cuda())
+        throw config_error("precision.kind = \"" + std::string(precision_t::kind) + "\" runs on CUDA, and the device is " +
+                           device_.str() + "; set [train] device = \"cuda\" (or \"auto\")");
+  }
 
-  // Wraps checkpointed blocks, places (or shards) the parameters, then builds the optimizer
-  // over them: the order of DESIGN.md's step lifecycle.
+  // Moves the model to the device, wraps checkpointed blocks, places (or shards) the
+  // parameters, then builds the optimizer over them: the order of DESIGN.md's step lifecycle.
   void prepare(torch::nn::Module& model) {
+    model.to(device_);
     checkpointing_.apply(model);
     sharding_.prepare(model);
     named_params_.clear();
@@ -93,6 +102,10 @@ class accelerator {
   void prepare(torch::nn::ModuleHolder<M>& model) {
     prepare(*model);
   }
+
+  // Where the model lives; place() moves a batch there (asynchronously from pinned memory).
+  const torch::Device& device() const { return device_; }
+  torch::Tensor place(const torch::Tensor& t) const { return to_device(t, device_); }
 
   // The precision policy's autocast scope; keep forward and loss inside it.
   auto autocast() const { return precision_.autocast(); }
@@ -230,6 +243,7 @@ class accelerator {
   sharding_t sharding_;
   optimizer_t optimizer_;
   profiler_t profiler_;
+  torch::Device device_;
 
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
   std::vector<torch::Tensor> params_;

@@ -41,6 +41,7 @@
 #endif
 
 #include "kiln/accelerator.hpp"
+#include "kiln/device.hpp"
 #include "kiln/callbacks.hpp"
 #include "kiln/schedule.hpp"
 #include "kiln/trainer.hpp"

@@ -213,15 +213,17 @@ class trainer {
       for (std::int64_t micro = 0; micro < window; ++micro) {
         if constexpr (profiler_t::enabled) profiler.begin(phase::data);
         auto batch = train.next();
+        // On the model's device (the data phase includes the copy to a GPU).
+        const auto inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
         if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
         torch::Tensor loss;
         {
           auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
           auto cast = acc.autocast();
-          loss = detail::classification_loss(detail::forward(model, batch.inputs), batch.targets);
+          loss = detail::classification_loss(detail::forward(model, inputs), targets);
         }
         if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
-        const double items = detail::loss_items(unit, batch.targets);
+        const double items = detail::loss_items(unit, targets);
         acc.backward(loss, items);
         if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
         // Summed on the device, read once per step: no extra op without accumulation.
@@ -302,13 +304,14 @@ class trainer {
     const bool was_training = module.is_training();
     module.eval();
     torch::NoGradGuard no_grad;
-    auto totals = torch::zeros({3}, torch::kFloat64);  // loss sum, correct, count
+    // Loss sum, correct, count.
+    torch::Tensor totals = torch::zeros({3}, torch::dtype(torch::kFloat64).device(acc_->device()));
     const auto all = data.inputs.size(0), world = acc_->world_size(), rank = acc_->rank();
     const auto first = all * rank / world, n = all * (rank + 1) / world;
     for (std::int64_t begin = first; begin < n; begin += options_.eval_batch_size) {
       const auto end = std::min(begin + options_.eval_batch_size, n);
-      auto inputs = data.inputs.slice(0, begin, end);
-      auto targets = data.targets.slice(0, begin, end).reshape({-1});
+      auto inputs = acc_->place(data.inputs.slice(0, begin, end));
+      auto targets = acc_->place(data.targets.slice(0, begin, end).reshape({-1}));
       torch::Tensor logits;
       {
         auto cast = acc_->autocast();

@@ -77,6 +77,43 @@ double diff_from_reference(typename Policy::settings settings, Rule reference_st
   return max_relative_diff(*a.model, *b.model);
 }
 
+// The fused CPU loop and the tensor-op path (what runs on CUDA) over the same gradients, in
+// fp32 or bf16 storage: they must agree bit for bit, parameters and state.
+template <class Policy>
+void check_tensor_path(typename Policy::settings settings, torch::ScalarType storage) {
+  fixture a(17, 4000), b(17, 4000), source(17, 4000);  // source: fp32, computes the gradients
+  auto pa = a.model->parameters(), pb = b.model->parameters(), ps = source.model->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    pa[i].set_data(pa[i].detach().to(storage));
+    pb[i].set_data(pb[i].detach().to(storage));
+  }
+  Policy fused(settings), tensors(settings);
+  fused.attach(named(*a.model));
+  tensors.attach(named(*b.model));
+  tensors.use_tensor_ops(true);
+  for (int step = 0; step < 5; ++step) {
+    for (auto& p : ps) p.mutable_grad() = torch::Tensor();
+    source.loss(step).backward();
+    fused.zero_grad();
+    tensors.zero_grad();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      pa[i].mutable_grad() = ps[i].grad().to(storage);
+      pb[i].mutable_grad() = ps[i].grad().to(storage);
+    }
+    fused.step();
+    tensors.step();
+  }
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    CHECK(torch::equal(pa[i], pb[i]));
+    CHECK(!torch::equal(pa[i], ps[i].to(storage)));  // the rule did run
+  }
+  kiln::state_dict state_a, state_b;
+  fused.save_state(state_a, "");
+  tensors.save_state(state_b, "");
+  REQUIRE(state_a.size() == state_b.size());
+  for (const auto& [name, value] : state_a) CHECK_MESSAGE(torch::equal(value, state_b.at(name)), name);
+}
+
 // Trains k steps, saves the policy's state by name, loads it into a fresh policy over a copy of
 // the model, and checks that both continue identically.
 template <class Policy>
@@ -367,6 +404,18 @@ TEST_SUITE("optim") {
     for (std::size_t i = 0; i < base.size(); ++i) CHECK(torch::equal(narrow[i], wide[i]));
     CHECK(!torch::equal(narrow[0], base[0]));  // the rule did run
 #endif
+  }
+
+  TEST_CASE("the tensor-op path (CUDA's) equals the fused CPU loop bit for bit, fp32 and bf16") {
+    for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
+      CAPTURE(storage);
+      check_tensor_path<kiln::optim::adamw>({.lr = 1e-2, .weight_decay = 0.1}, storage);
+      check_tensor_path<kiln::optim::adamw>({.lr = 1e-2, .amsgrad = true}, storage);
+      check_tensor_path<kiln::optim::sgd>({.lr = 0.05, .momentum = 0}, storage);
+      check_tensor_path<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true}, storage);
+      check_tensor_path<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9, .dampening = 0.1}, storage);
+      check_tensor_path<kiln::optim::lion>({.lr = 1e-3, .weight_decay = 0.1}, storage);
+    }
   }
 
   TEST_CASE("optimizer state saved by parameter name resumes identically") {

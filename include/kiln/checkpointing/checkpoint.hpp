@@ -4,9 +4,10 @@
 // kiln::checkpoint(fn, x, params) runs fn(x) without recording a graph, keeps only x, and in
 // backward reruns fn(x) with grad on and takes the gradients of x and of params from that rerun.
 // So that the rerun computes what the original did:
-//   - the CPU RNG state at the original forward is restored around the rerun (dropout draws the
-//     same masks), and the caller's RNG stream continues as if nothing had been rerun;
-//   - the rerun happens under the autocast state of the original forward.
+//   - the RNG state of x's device (CPU or that GPU) at the original forward is restored around
+//     the rerun (dropout draws the same masks), and the caller's RNG stream continues as if
+//     nothing had been rerun;
+//   - the rerun happens under the CPU and CUDA autocast state of the original forward.
 // The parameters are inputs of the autograd node, so their gradients flow through the normal
 // AccumulateGrad path (gradient hooks fire, as sharding needs), and the output requires grad
 // even when x does not (the first block's input, say).
@@ -27,11 +28,28 @@ namespace kiln {
 
 namespace detail {
 
+// The autocast regions active in forward, CPU and CUDA, for the rerun in backward (which the
+// engine runs outside them).
 struct autocast_state {
-  bool cpu_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cpu_enabled = false, cuda_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
   static autocast_state current() {
-    return {autocast_enabled(c10::DeviceType::CPU), autocast_dtype(c10::DeviceType::CPU)};
+    return {autocast_enabled(c10::DeviceType::CPU), autocast_enabled(c10::DeviceType::CUDA),
+            autocast_dtype(c10::DeviceType::CPU), autocast_dtype(c10::DeviceType::CUDA)};
+  }
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["autocast_cpu"] = cpu_enabled;
+    ctx->saved_data["autocast_cpu_dtype"] = static_cast<std::int64_t>(cpu_dtype);
+    ctx->saved_data["autocast_cuda"] = cuda_enabled;
+    ctx->saved_data["autocast_cuda_dtype"] = static_cast<std::int64_t>(cuda_dtype);
+  }
+  // Re-enters the saved regions for as long as `scopes` lives.
+  static void restore(torch::autograd::AutogradContext* ctx, std::optional<autocast_scope> (&scopes)[2]) {
+    if (ctx->saved_data["autocast_cpu"].toBool())
+      scopes[0].emplace(c10::DeviceType::CPU, static_cast<at::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt()));
+    if (ctx->saved_data["autocast_cuda"].toBool())
+      scopes[1].emplace(c10::DeviceType::CUDA,
+                        static_cast<at::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt()));
   }
 };
 
@@ -42,10 +60,9 @@ class checkpoint_function : public torch::autograd::Function<checkpoint_function
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                torch::TensorList params, const forward_fn* fn) {
     ctx->saved_data["fn"] = reinterpret_cast<std::int64_t>(fn);
-    ctx->saved_data["rng"] = at::Generator(at::globalContext().defaultGenerator(torch::kCPU)).get_state();
-    const auto cast = autocast_state::current();
-    ctx->saved_data["autocast"] = cast.cpu_enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(cast.cpu_dtype);
+    // The generator dropout draws from is the one of the device the block runs on.
+    ctx->saved_data["rng"] = at::Generator(at::globalContext().defaultGenerator(x.device())).get_state();
+    autocast_state::current().save(ctx);
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
     std::vector<torch::Tensor> saved{x};
     saved.insert(saved.end(), params.begin(), params.end());
@@ -62,15 +79,14 @@ class checkpoint_function : public torch::autograd::Function<checkpoint_function
     auto x = saved[0].detach().requires_grad_(x_requires_grad);
 
     // Rerun with the original RNG state, then put the caller's state back.
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    at::Generator generator = at::globalContext().defaultGenerator(x.device());
     const auto caller_rng = generator.get_state();
     generator.set_state(ctx->saved_data["rng"].toTensor());
     torch::Tensor out;
     {
       torch::AutoGradMode grad(true);
-      std::optional<autocast_scope> cast;
-      if (ctx->saved_data["autocast"].toBool())
-        cast.emplace(c10::DeviceType::CPU, static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      std::optional<autocast_scope> cast[2];
+      autocast_state::restore(ctx, cast);
       out = (*fn)(x);
     }
     generator.set_state(caller_rng);

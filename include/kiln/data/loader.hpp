@@ -56,6 +56,9 @@ struct loader_options {
   std::int64_t rank = 0;      // this process's shard of each epoch ...
   std::int64_t world = 1;     // ... out of `world`
   bool pad_shards = true;     // pad the epoch to a multiple of world (true) or cut it (false)
+  // Batches in page-locked host memory, which a CUDA device copies from asynchronously; the
+  // copy into it happens where the batch is made (a worker, when there are workers). CUDA only.
+  bool pin_memory = false;
 };
 
 // Samples each rank sees per epoch: all of them in one process, else the epoch padded or cut to
@@ -96,6 +99,8 @@ class batch_maker {
     if (o.batch_size <= 0) throw data_error("batch size must be > 0");
     if (o.workers < 0) throw data_error("workers must be >= 0, got " + std::to_string(o.workers));
     if (o.prefetch < 1) throw data_error("prefetch must be >= 1 batch, got " + std::to_string(o.prefetch));
+    if (o.pin_memory && !torch::cuda::is_available())
+      throw data_error("pin_memory: page-locked batches are for copies to a CUDA device, and this process has none");
     if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
       throw data_error("rank " + std::to_string(o.rank) + " is not one of world = " + std::to_string(o.world));
     size_ = data::shard_samples(static_cast<std::int64_t>(data_.size()), o);
@@ -131,6 +136,11 @@ class batch_maker {
  private:
   // Batch `number`, from nothing but (seed, its epoch, its index): any thread may make any batch.
   data::batch make(std::int64_t number) const {
+    auto b = assemble(number);
+    if (options_.pin_memory) b = {b.inputs.pin_memory(), b.targets.pin_memory()};
+    return b;
+  }
+  data::batch assemble(std::int64_t number) const {
     const auto epoch = number / batches_per_epoch_, index = number % batches_per_epoch_;
     if (options_.delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.delay_ms));
     const auto begin = index * options_.batch_size, end = std::min(begin + options_.batch_size, size_);

@@ -29,6 +29,8 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "adam8bit";
+  // Its block quantisation is a CPU loop; no GPU kernel yet.
+  static constexpr bool cpu_only = true;
   static constexpr std::int64_t block_size = 2048;
 
   struct settings {

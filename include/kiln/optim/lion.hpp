@@ -54,17 +54,13 @@ class lion : public detail::fused_optimizer<lion> {
     const float decay = static_cast<float>(1.0 - lr() * s.weight_decay), step = static_cast<float>(lr());
     const float b1 = static_cast<float>(settings_.beta1), one_minus_b1 = static_cast<float>(1.0 - settings_.beta1);
     const float b2 = static_cast<float>(settings_.beta2), one_minus_b2 = static_cast<float>(1.0 - settings_.beta2);
-    dispatch(s.param, [&](auto type) {
-      using T = decltype(type);
-      detail::fused_loop(
-          s.param.numel(),
-          [=](auto& p, const auto& g, auto& m) {
-            const auto c = m * b1 + g * one_minus_b1;
-            p = p * decay - step * detail::vsign(c);
-            m = m * b2 + g * one_minus_b2;
-          },
-          s.param.data_ptr<T>(), grad.data_ptr<T>(), s.field(0).data_ptr<float>());
-    });
+    apply_rule(
+        [=](auto& p, const auto& g, auto& m) {
+          const auto c = m * b1 + g * one_minus_b1;
+          p = p * decay - step * detail::vsign(c);
+          m = m * b2 + g * one_minus_b2;
+        },
+        s.param, grad, s.field(0));
   }
 
  private:

@@ -70,26 +70,16 @@ class sgd : public detail::fused_optimizer<sgd> {
     const float momentum = static_cast<float>(settings_.momentum);
     const float keep = static_cast<float>(1.0 - settings_.dampening);
     const bool first = s.step == 1, nesterov = settings_.nesterov;
-    dispatch(s.param, [&](auto type) {
-      using T = decltype(type);
-      T* p = s.param.data_ptr<T>();
-      const T* g = grad.data_ptr<T>();
-      if (s.state.empty()) {
-        detail::fused_loop(
-            s.param.numel(),
-            [=](auto& p, const auto& g) { p = p - step * (g + wd * p); }, p, g);
-        return;
-      }
-      detail::fused_loop(
-          s.param.numel(),
-          [=](auto& p, const auto& g, auto& buf) {
-            auto d = g + wd * p;
-            buf = first ? d : buf * momentum + keep * d;
-            d = nesterov ? d + momentum * buf : buf;
-            p = p - step * d;
-          },
-          p, g, s.field(0).data_ptr<float>());
-    });
+    if (s.state.empty())
+      return apply_rule([=](auto& p, const auto& g) { p = p - step * (g + wd * p); }, s.param, grad);
+    apply_rule(
+        [=](auto& p, const auto& g, auto& buf) {
+          auto d = g + wd * p;
+          buf = first ? d : buf * momentum + keep * d;
+          d = nesterov ? d + momentum * buf : buf;
+          p = p - step * d;
+        },
+        s.param, grad, s.field(0));
   }
 
  private:

@@ -23,6 +23,7 @@ namespace kiln::precision {
 struct fp16 {
   using axis = kiln::axis::precision;
   static constexpr std::string_view kind = "fp16";
+  static constexpr bool needs_cuda = true;  // the accelerator refuses a CPU device
 
   struct settings : loss_scaler_settings {};
 

@@ -18,6 +18,7 @@
 
 #include <toml++/toml.h>
 
+#include "kiln/device.hpp"
 #include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/cnn.hpp"
@@ -131,6 +132,7 @@ struct train_settings {
   std::int64_t epochs = 1;  // used when steps = 0
   std::int64_t seed = 0;
   std::int64_t threads = 0;  // 0 = every core
+  std::string device = "auto";
   double clip_grad_norm = 0.0;
   std::int64_t log_every = 50;
   std::int64_t eval_every = 0;  // optimizer steps; 0 = at the end of every epoch
@@ -140,6 +142,11 @@ struct train_settings {
     v.field("epochs", epochs, "passes over the training set, when steps = 0", checks::positive);
     v.field("seed", seed, "seed of weights, shuffling and dropout", checks::non_negative);
     v.field("threads", threads, "intra-op threads (0: every core)", checks::non_negative);
+    v.field("device", device, "where the model trains: auto (this rank's GPU if there is one), cpu, cuda or cuda:N",
+            [](const std::string& name) -> std::optional<std::string> {
+              if (is_device_name(name)) return std::nullopt;
+              return "expected " + std::string(device_forms);
+            });
     v.field("clip_grad_norm", clip_grad_norm, "max global gradient norm (0: no clipping)", checks::non_negative);
     v.field("log_every", log_every, "optimizer steps between metric lines", checks::positive);
     v.field("eval_every", eval_every, "optimizer steps between evaluations (0: every epoch)", checks::non_negative);

@@ -209,10 +209,11 @@ fit_summary fit_recipe(const recipe& r, const run_request& request, typename Tra
 
   std::int64_t parameters = 0;
   for (const auto& p : model.ptr()->parameters()) parameters += p.numel();
-  std::fprintf(stderr, "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %lld threads\n",
+  std::fprintf(stderr,
+               "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %lld threads | %s\n",
                r.info.name.c_str(), r.combination().c_str(), (long long)parameters,
                (long long)data.train.inputs.size(0), (long long)data.eval.inputs.size(0), (long long)o.steps,
-               (long long)at::get_num_threads());
+               (long long)at::get_num_threads(), settings.accelerator.device.c_str());
 
   Trainer trainer(std::move(settings));
   return trainer.fit(model, loader, &data.eval);
@@ -228,6 +229,8 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
   const auto threads = resolve_threads(r.train.threads);
   at::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(static_cast<std::uint64_t>(r.train.seed));
+  const auto device = resolve_device(r.train.device, r.file.string() + ": [train] device");
+  settings.accelerator.device = device.str();
 
   auto data = detail::load_data(r);
   auto model = detail::make_model(r, data);
@@ -241,7 +244,8 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
                                             .workers = r.data.workers,
                                             .prefetch = r.data.prefetch,
                                             .rank = place.rank,
-                                            .world = place.world};
+                                            .world = place.world,
+                                            .pin_memory = device.is_cuda()};
   if (r.data.crop_padding > 0 || r.data.flip > 0) {
     data::loader loader(data::in_memory(data.train), loader_options,
                         data::compose(data::random_crop{r.data.crop_padding}, data::horizontal_flip{r.data.flip}));

@@ -27,13 +27,16 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <torch/torch.h>
 
 // GCC on x86-64: the baseline is SSE2, and an AVX2 copy is chosen at run time.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -196,6 +199,28 @@ void fused_loop(std::int64_t n, const Rule& rule, T* param, const T* grad, State
   at::parallel_for(0, n, fused_grain, [&](std::int64_t begin, std::int64_t end) {
     fused_serial(begin, end, rule, param, grad, state...);
   });
+}
+
+// The same rules over whole tensors, one LibTorch op per arithmetic operation, for tensors the
+// CPU loop cannot reach (CUDA). Each op rounds to fp32 as the loop's lanes do, so on CPU the
+// two agree bit for bit (tested), which is how this path is checked on machines without a GPU.
+inline torch::Tensor vsqrt(const torch::Tensor& x) { return x.sqrt(); }
+inline torch::Tensor vmax(const torch::Tensor& a, const torch::Tensor& b) { return torch::maximum(a, b); }
+inline torch::Tensor vsign(const torch::Tensor& x) { return x.sign(); }
+
+// rule(p, g, state...) with fp32 tensors, written back into the parameter (rounded to nearest
+// even for bf16, as the loop's store) and the fp32 state.
+template <class Rule, class... State>
+void tensor_rule(const Rule& rule, const torch::Tensor& param, const torch::Tensor& grad, const State&... state) {
+  static_assert((std::is_same_v<State, torch::Tensor> && ...), "optimizer state is held in tensors");
+  // The rule assigns new tensors to these handles; the originals are written once at the end.
+  auto p = param.to(torch::kFloat32);
+  const auto g = grad.to(torch::kFloat32);
+  std::array<torch::Tensor, sizeof...(State)> values{state...};
+  std::apply([&](auto&... s) { rule(p, g, s...); }, values);
+  param.copy_(p);
+  [[maybe_unused]] std::size_t i = 0;
+  ((void)state.copy_(values[i++]), ...);
 }
 
 }  // namespace kiln::optim::detail

@@ -20,6 +20,7 @@
 #include "kiln/detail/glob.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
+#include "kiln/optim/detail/fused_loop.hpp"
 
 namespace kiln::optim::detail {
 
@@ -50,9 +51,10 @@ class fused_optimizer {
                            "; kiln's optimizers update fp32 or bf16 parameters");
       if (!param.is_contiguous())
         throw config_error("optimizer: parameter \"" + name + "\" is not contiguous");
-      if (!param.device().is_cpu())
-        throw config_error("optimizer: parameter \"" + name + "\" is on " + param.device().str() +
-                           "; kiln's fused optimizers run on CPU tensors");
+      if constexpr (requires { Derived::cpu_only; })
+        if (!param.device().is_cpu())
+          throw config_error("optimizer: parameter \"" + name + "\" is on " + param.device().str() + "; " +
+                             std::string(Derived::kind) + " runs on CPU tensors only (so far)");
       slot s;
       s.name = name;
       s.param = param;
@@ -129,6 +131,23 @@ class fused_optimizer {
     else run(float{});
   }
 
+  // rule(p, g, state...) over one parameter and its fp32 state tensors: one fused pass on CPU;
+  // elsewhere (CUDA) the same rule as whole-tensor ops.
+  template <class Rule, class... State>
+  void apply_rule(const Rule& rule, const torch::Tensor& param, const torch::Tensor& grad, State&... state) const {
+    if (!param.is_cpu() || tensor_ops_) return tensor_rule(rule, param, grad, state...);
+    dispatch(param, [&](auto type) {
+      using T = decltype(type);
+      fused_loop(param.numel(), rule, param.data_ptr<T>(), grad.data_ptr<T>(), state.template data_ptr<float>()...);
+    });
+  }
+
+ public:
+  // Runs the rules as tensor ops on CPU too: what CUDA runs, checkable here against the loop.
+  void use_tensor_ops(bool on) { tensor_ops_ = on; }
+
+ protected:
+
  private:
   bool decays(const std::string& name) const {
     for (const auto& pattern : no_decay_)
@@ -139,6 +158,7 @@ class fused_optimizer {
 
   double lr_;
   double weight_decay_;
+  bool tensor_ops_ = false;
   std::vector<std::string> no_decay_;
   std::vector<slot> slots_;
 };
