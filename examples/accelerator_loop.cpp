@@ -26,7 +26,8 @@ int main() {
     torch::Tensor loss;
     {
       auto cast = acc.autocast();
-      loss = torch::nn::functional::cross_entropy(model->forward(batch.inputs), batch.targets);
+      // place(): onto the model's device ([train] device "auto": a GPU where there is one).
+      loss = torch::nn::functional::cross_entropy(model->forward(acc.place(batch.inputs)), acc.place(batch.targets));
     }
     acc.backward(loss);
     last_loss = loss.item<double>();

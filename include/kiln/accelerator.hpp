@@ -6,6 +6,7 @@
 //   for (auto& [x, y] : batches) {
 //     auto micro = acc.accumulate();          // one micro-step; steps the optimizer at scope end
 //     torch::Tensor loss;                      // when this micro-step completes a window
+//     x = acc.place(x), y = acc.place(y);      // onto the model's device (settings.device)
 //     { auto cast = acc.autocast(); loss = torch::cross_entropy_loss(model->forward(x), y); }
 //     acc.backward(loss);
 //   }

@@ -7,8 +7,8 @@
 // - The gradients are averaged in buckets of about bucket_mb (the first: first_bucket_mb), in
 //   reverse parameter order: a hook on each parameter copies its gradient into its bucket as
 //   backward produces it, and a full bucket's all-reduce starts at once, on Gloo's threads, while
-//   backward goes on with the earlier layers. Buckets are launched in bucket order, so every rank issues the same
-//   collectives in the same order even if its hooks fire in a different one.
+//   backward goes on with the earlier layers. Buckets are launched in bucket order, so every
+//   rank issues the same collectives in the same order even if its hooks fire in a different one.
 // - no_sync() (accumulation's non-final micro-steps): hooks do nothing and gradients accumulate
 //   locally; the final micro-step's bucket holds the window's sum, so each optimizer step costs
 //   exactly one all-reduce per bucket whatever the accumulation.
@@ -40,9 +40,9 @@ class ddp : public kiln::detail::replicated_base {
   static constexpr bool distributed = true;  // its ranks come from the launch environment
 
   struct settings {
-    double bucket_mb = 25.0;        // torch DDP's bucket_cap_mb
-    double first_bucket_mb = 1.0;   // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
-    double timeout_s = 300.0;  // a peer silent this long fails the job
+    double bucket_mb = 25.0;       // torch DDP's bucket_cap_mb
+    double first_bucket_mb = 1.0;  // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
+    double timeout_s = 300.0;      // a peer silent this long fails the job
     template <class V>
     void describe(V& v) {
       v.field("bucket_mb", bucket_mb, "gradient bucket size in MB: one all-reduce per bucket", checks::positive);

@@ -9,6 +9,13 @@
 //   finish_backward()      after backward on a sync micro-step: wait for/launch gradient sync;
 //   all_ranks_true(b)      logical AND over ranks (the precision axis's finite check);
 //   sum_over_ranks(t)      element-wise sum over ranks (evaluation metrics).
+// Optional:
+//   static constexpr bool distributed = true   ranks come from the launch environment (the
+//                                              CLI then gives the loader this rank's shard);
+//   after_optimizer_step(step, total)          called after every optimizer step (local-sgd
+//                                              averages parameters there);
+//   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(),
+//   allreduce_wait_s()                         reported in summary.json when present.
 #pragma once
 
 #include <cstdint>

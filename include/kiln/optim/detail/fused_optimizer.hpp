@@ -85,6 +85,9 @@ class fused_optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
 
+  // Runs the rules as tensor ops on CPU too: what CUDA runs, checkable here against the loop.
+  void use_tensor_ops(bool on) { tensor_ops_ = on; }
+
   const std::vector<slot>& slots() const { return slots_; }
 
   std::int64_t state_bytes() const {
@@ -141,12 +144,6 @@ class fused_optimizer {
       fused_loop(param.numel(), rule, param.data_ptr<T>(), grad.data_ptr<T>(), state.template data_ptr<float>()...);
     });
   }
-
- public:
-  // Runs the rules as tensor ops on CPU too: what CUDA runs, checkable here against the loop.
-  void use_tensor_ops(bool on) { tensor_ops_ = on; }
-
- protected:
 
  private:
   bool decays(const std::string& name) const {
