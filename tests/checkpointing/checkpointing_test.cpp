@@ -74,7 +74,7 @@ TEST_SUITE("checkpointing") {
     CHECK(max_diff(plain, gradients<kiln::checkpointing::every_nth>({.every = 3}, true)) <= 1e-6);
   }
 
-  TEST_CASE("a checkpointed block runs its forward exactly twice per step; a plain one once") {
+  TEST_CASE("a checkpointed block runs its forward exactly twice per step, a plain one once") {
     counting_block block;
     auto x = torch::randn({4, 8}, torch::requires_grad());
     block->forward(x).sum().backward();
@@ -91,7 +91,7 @@ TEST_SUITE("checkpointing") {
     CHECK(block->calls == 1);
   }
 
-  TEST_CASE("inputs that do not require grad still give parameter gradients; hooks fire") {
+  TEST_CASE("inputs that do not require grad still give parameter gradients, hooks fire") {
     counting_block plain, checkpointed;
     {
       torch::NoGradGuard no_grad;

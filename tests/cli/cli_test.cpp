@@ -191,7 +191,7 @@ TEST_CASE("kiln rejects unknown commands, options and missing recipes") {
   CHECK(contains(help.output, "kiln run RECIPE"));
 }
 
-TEST_CASE("quickstart smoke run: metrics, state, summary; a finished run is kept as <dir>.1") {
+TEST_CASE("quickstart smoke run: metrics, state, summary, a finished run is kept as <dir>.1") {
   temp_dir dir("smoke");
   const auto run_dir = dir.path / "run";
   const std::string common = "run recipes/quickstart.toml --set train.log_every=20 --set run.dir=" + quoted(run_dir);

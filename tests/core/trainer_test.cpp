@@ -281,7 +281,7 @@ TEST_SUITE("trainer") {
     CHECK_THROWS_WITH_AS(t.fit(s.model, s.loader), doctest::Contains("layers.3"), kiln::anomaly_error);
   }
 
-  TEST_CASE("diagnostics: masked attention (-inf before softmax) is not a NaN; gradient health is reported") {
+  TEST_CASE("diagnostics: masked attention (-inf before softmax) is not a NaN, gradient health is reported") {
     torch::manual_seed(0);
     kiln::models::gpt model(kiln::models::gpt_settings{.vocab_size = 16, .seq_len = 8, .d_model = 16, .n_layer = 1, .n_head = 2});
     kiln::data::batch_loader loader(kiln::data::make_token_sequences(64, 8, 16, 1), {.batch_size = 8});

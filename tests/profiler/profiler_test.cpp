@@ -54,7 +54,7 @@ TEST_SUITE("profiler") {
     for (const auto& row : table) CHECK(row.self_us <= row.total_us + 1e-6);
   }
 
-  TEST_CASE("ops: record_shapes splits statistics by input shapes; off mode installs nothing") {
+  TEST_CASE("ops: record_shapes splits statistics by input shapes, off mode installs nothing") {
     auto model = three_linear_layers();
     auto settings = always_active();
     settings.record_shapes = true;
@@ -93,7 +93,7 @@ TEST_SUITE("profiler") {
     CHECK(profiler.collector<kiln::profiler::ops_collector>().calls("aten::addmm") == 4 * 3);
   }
 
-  TEST_CASE("trace: phases nest inside steps and ops inside phases; the file is valid JSON") {
+  TEST_CASE("trace: phases nest inside steps and ops inside phases, the file is valid JSON") {
     auto model = three_linear_layers();
     auto x = torch::randn({4, 8});
     kiln::profiler::trace profiler(always_active());
