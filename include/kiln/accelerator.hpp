@@ -39,6 +39,13 @@ struct step_result {
   double grad_norm = -1.0;  // global gradient norm before clipping; -1 when not measured
 };
 
+namespace detail {
+// A precision policy that never skips a step says so (`static constexpr bool always_finite =
+// true`), and the ranks need not agree on it every step.
+template <class P>
+inline constexpr bool always_finite = requires { requires P::always_finite; };
+}  // namespace detail
+
 template <class... Ps>
 class accelerator {
  public:
@@ -96,6 +103,14 @@ class accelerator {
       named_params_ = precision_.prepare(model, named_params_);
     for (const auto& [name, p] : named_params_) params_.push_back(p);
     optimizer_.attach(named_params_);
+    // Where the sharding policy averages gradients over ranks, sample and token counts are
+    // averaged alike (kiln/accumulation/steps.hpp says why).
+    if constexpr (requires { sharding_t::averages_gradients; })
+      if (sharding_t::averages_gradients && sharding_.world_size() > 1)
+        gradient_rank_mean_ = [this](double count) {
+          const auto total = sharding_.sum_over_ranks(torch::full({1}, count, torch::kFloat64));
+          return total.template item<double>() / static_cast<double>(sharding_.world_size());
+        };
     micro_ = 0;
     window_ = accumulation_.micro_steps();
   }
@@ -128,7 +143,7 @@ class accelerator {
   // `loss` is the mean over `items` of the accumulation policy's unit (samples or tokens; left
   // at 1 when the policy normalises by micro-batches).
   void backward(const torch::Tensor& loss, double items = 1.0) {
-    auto scaled = precision_.scale(accumulation_.normalize(loss, items));
+    auto scaled = precision_.scale(accumulation_.normalize(loss, items, gradient_rank_mean_));
     if (is_sync_step()) {
       scaled.backward();
       sharding_.finish_backward();
@@ -148,14 +163,14 @@ class accelerator {
     }
     micro_ = 0;
     window_ = accumulation_.micro_steps();
-    // Uneven micro-batches under sample/token normalisation; exactly 1.0 otherwise. (Once a
-    // sharding policy averages gradients over ranks, the window's counts are summed over ranks
-    // here too.)
-    if (const double correction = accumulation_.end_window(); correction != 1.0)
+    // Uneven micro-batches (or ranks) under sample/token normalisation; exactly 1.0 otherwise.
+    if (const double correction = accumulation_.end_window(gradient_rank_mean_); correction != 1.0)
       for (auto& p : params_)
         if (p.grad().defined()) p.grad().mul_(correction);
     bool finite = precision_.unscale_and_check(params_);
-    finite = sharding_.all_ranks_true(finite);  // every rank must skip the same steps
+    // Every rank must skip the same steps: one small all-reduce, unless the precision policy
+    // can never skip one.
+    if constexpr (!detail::always_finite<precision_t>) finite = sharding_.all_ranks_true(finite);
     precision_.update(finite);
     result.lr = optimizer_.base_lr() * schedule_factor(settings_.scheduler, step_, settings_.total_steps);
     if (finite) {
@@ -248,6 +263,7 @@ class accelerator {
 
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
   std::vector<torch::Tensor> params_;
+  rank_mean gradient_rank_mean_;  // empty unless gradients are averaged over several ranks
   std::int64_t micro_ = 0;  // index of the current micro-step within its window
   std::int64_t window_;      // micro-steps in the current window (the policy's N but at epoch ends)
   std::int64_t step_ = 0;   // completed accumulation windows

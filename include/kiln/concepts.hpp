@@ -10,6 +10,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <type_traits>
 
@@ -33,6 +34,11 @@ enum class phase { data, forward, backward, optimizer, communication, evaluation
 // the micro-batch itself (a plain mean over micro-batches), its samples, or its tokens
 // (targets other than the loss's ignore index, -100).
 enum class loss_unit { micro_batch, sample, token };
+
+// Maps this rank's count of loss units to the mean count over the ranks whose gradients are
+// averaged together (DDP), so that the accumulation axis normalises by the job's total rather
+// than each rank's own. Empty where a rank's gradients are its own (one process, local SGD).
+using rank_mean = std::function<double(double)>;
 
 // --- What every policy has -------------------------------------------------------------
 template <class P>
@@ -68,11 +74,11 @@ concept precision_policy =
 template <class P>
 concept accumulation_policy =
     policy_basics<P> && std::same_as<typename P::axis, axis::accumulation> &&
-    requires(P& p, const P& cp, const torch::Tensor& loss, double items) {
+    requires(P& p, const P& cp, const torch::Tensor& loss, double items, const rank_mean& mean) {
       { cp.micro_steps() } -> std::convertible_to<std::int64_t>;
       { cp.unit() } -> std::same_as<loss_unit>;
-      { p.normalize(loss, items) } -> std::convertible_to<torch::Tensor>;  // loss to call backward on
-      { p.end_window() } -> std::convertible_to<double>;  // factor the window's gradients still need
+      { p.normalize(loss, items, mean) } -> std::convertible_to<torch::Tensor>;  // loss to call backward on
+      { p.end_window(mean) } -> std::convertible_to<double>;  // factor the window's gradients still need
     };
 
 // checkpointing: which sub-modules recompute their forward in backward.
@@ -180,10 +186,10 @@ consteval bool check_policy() {
                   "kiln: accumulation axis: policy is missing `std::int64_t micro_steps() const`");
     static_assert(requires(const P& p) { { p.unit() } -> std::same_as<loss_unit>; },
                   "kiln: accumulation axis: policy is missing `kiln::loss_unit unit() const`");
-    static_assert(requires(P& p, const torch::Tensor& t) { { p.normalize(t, 1.0) } -> std::convertible_to<torch::Tensor>; },
-                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss, double items)`");
-    static_assert(requires(P& p) { { p.end_window() } -> std::convertible_to<double>; },
-                  "kiln: accumulation axis: policy is missing `double end_window()`");
+    static_assert(requires(P& p, const torch::Tensor& t, const rank_mean& m) { { p.normalize(t, 1.0, m) } -> std::convertible_to<torch::Tensor>; },
+                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss, double items, const kiln::rank_mean&)`");
+    static_assert(requires(P& p, const rank_mean& m) { { p.end_window(m) } -> std::convertible_to<double>; },
+                  "kiln: accumulation axis: policy is missing `double end_window(const kiln::rank_mean&)`");
     return accumulation_policy<P>;
   } else if constexpr (std::is_same_v<typename P::axis, axis::checkpointing>) {
     static_assert(requires(P& p, torch::nn::Module& m) { p.apply(m); },

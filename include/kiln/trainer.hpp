@@ -304,7 +304,7 @@ class trainer {
     const bool was_training = module.is_training();
     module.eval();
     torch::NoGradGuard no_grad;
-    // Loss sum, correct, count.
+    // Loss sum, correct, scored targets.
     torch::Tensor totals = torch::zeros({3}, torch::dtype(torch::kFloat64).device(acc_->device()));
     const auto all = data.inputs.size(0), world = acc_->world_size(), rank = acc_->rank();
     const auto first = all * rank / world, n = all * (rank + 1) / world;
@@ -321,8 +321,10 @@ class trainer {
       totals[0] += torch::nn::functional::cross_entropy(
                        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                        .to(torch::kFloat64);
-      totals[1] += logits.argmax(-1).eq(targets).sum().to(torch::kFloat64);
-      totals[2] += static_cast<double>(targets.numel());
+      // Padding targets (ignore_index) are neither scored by the loss nor counted.
+      const auto scored = targets.ne(detail::ignore_index);
+      totals[1] += logits.argmax(-1).eq(targets).logical_and(scored).sum().to(torch::kFloat64);
+      totals[2] += scored.sum().to(torch::kFloat64);
     }
     totals = acc_->sum_over_ranks(totals);
     if (was_training) module.train();

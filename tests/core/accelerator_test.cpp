@@ -111,6 +111,67 @@ TEST_SUITE("accelerator") {
     CHECK(max_abs_diff(*one, *four) <= 1e-6);
   }
 
+  // DDP averages the ranks' gradients; with token normalisation each rank must then weigh its
+  // tokens by the job's count, not its own. Two ranks simulated in one process: each has its own
+  // policy and gradients, the DDP average is taken by hand, and rank_mean answers with what the
+  // all-reduce of the counts would.
+  TEST_CASE("token normalisation across ranks: the averaged gradient is that of the union's tokens") {
+    torch::manual_seed(21);
+    const std::int64_t sequences = 16, length = 8;
+    auto inputs = torch::randn({sequences, length, 12});
+    auto targets = torch::randint(5, {sequences, length}, torch::kInt64);
+    // Rank 0's sequences hold 1 to 3 real tokens (15 in all), rank 1's 4 to 8 (49).
+    for (std::int64_t s = 0; s < sequences; ++s) targets[s].slice(0, s < 8 ? 1 + s % 3 : 4 + s % 5) = -100;
+    auto loss_fn = [](kiln::models::mlp& m, const torch::Tensor& x, const torch::Tensor& y) {
+      return kiln::detail::classification_loss(m->forward(x.reshape({-1, 12})), y);
+    };
+    // Rank r's micro-batch m: sequences [bounds[r][m], bounds[r][m + 1]).
+    const std::int64_t bounds[2][3] = {{0, 3, 8}, {8, 10, 16}};
+    auto tokens_in = [&](std::int64_t begin, std::int64_t end) {
+      return targets.slice(0, begin, end).ne(-100).sum().item<double>();
+    };
+    const double first_mean = (tokens_in(0, 3) + tokens_in(8, 10)) / 2;
+    const double window_mean = (tokens_in(0, 8) + tokens_in(8, 16)) / 2;
+
+    // Gradients of each rank's window after the policy's correction, averaged as DDP does.
+    auto ddp_gradients = [&](bool across_ranks) {
+      std::vector<torch::Tensor> sum;
+      for (int rank = 0; rank < 2; ++rank) {
+        auto model = small_mlp(6);
+        kiln::accumulation::steps policy({.steps = 2, .normalize = "tokens"});
+        int calls = 0;  // the policy asks for the first micro-batch's mean, then the window's
+        kiln::rank_mean mean = [&](double) { return ++calls == 1 ? first_mean : window_mean; };
+        if (!across_ranks) mean = nullptr;
+        for (int micro = 0; micro < 2; ++micro) {
+          const auto begin = bounds[rank][micro], end = bounds[rank][micro + 1];
+          policy.normalize(loss_fn(model, inputs.slice(0, begin, end), targets.slice(0, begin, end)),
+                           tokens_in(begin, end), mean)
+              .backward();
+        }
+        const double factor = policy.end_window(mean);
+        if (across_ranks) CHECK(calls == 2);
+        auto params = model->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          auto g = params[i].grad() * factor / 2;
+          if (sum.size() <= i) sum.push_back(g);
+          else sum[i] += g;
+        }
+      }
+      return sum;
+    };
+    auto union_model = small_mlp(6);
+    loss_fn(union_model, inputs, targets).backward();
+    auto distance = [&](const std::vector<torch::Tensor>& gradients) {
+      double worst = 0;
+      auto params = union_model->parameters();
+      for (std::size_t i = 0; i < params.size(); ++i)
+        worst = std::max(worst, (gradients[i] - params[i].grad()).abs().max().item<double>());
+      return worst;
+    };
+    CHECK(distance(ddp_gradients(true)) <= 1e-6);
+    CHECK(distance(ddp_gradients(false)) > 1e-3);  // each rank's own tokens: a mean of means
+  }
+
   TEST_CASE("a shortened window (an epoch's last) steps with the mean over what it holds") {
     auto data = kiln::data::make_classification(48, 12, 5, 13);
     auto one = small_mlp(7), three = small_mlp(7);

@@ -16,6 +16,8 @@
 // CHECK macros would otherwise replace doctest's CHECK without a word.
 #include <doctest/doctest.h>
 
+#include <set>
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -222,4 +224,28 @@ TEST_CASE("synthetic: make_token_sequences is deterministic and learnable in str
   auto table = torch::bincount(pairs, {}, 50 * 50).view({50, 50}).to(torch::kDouble);
   auto top3 = std::get<0>(table.topk(3, 1)).sum(1) / table.sum(1);
   CHECK(top3.mean().item<double>() > 0.9);
+}
+
+TEST_CASE("synthetic: min_len pads variable-length token sequences with ignored targets") {
+  const auto full = kiln::data::make_token_sequences(200, 16, 50, 4);
+  const auto padded = kiln::data::make_token_sequences(200, 16, 50, 4, /*min_len=*/3);
+  std::set<std::int64_t> lengths;
+  for (std::int64_t row = 0; row < 200; ++row) {
+    const auto real = padded.targets[row].ne(-100);
+    const auto length = real.sum().item<std::int64_t>();
+    lengths.insert(length);
+    REQUIRE(length >= 3);
+    REQUIRE(length <= 16);
+    // Real tokens first, then padding: inputs 0, targets the ignore index.
+    CHECK(real.slice(0, 0, length).all().item<bool>());
+    CHECK(padded.inputs[row].slice(0, length).eq(0).all().item<bool>());
+    // Before the padding, the tokens of the unpadded draw.
+    CHECK(padded.inputs[row].slice(0, 0, length).equal(full.inputs[row].slice(0, 0, length)));
+    CHECK(padded.targets[row].slice(0, 0, length).equal(full.targets[row].slice(0, 0, length)));
+  }
+  CHECK(lengths.size() == 14);  // every length from 3 to 16 occurs in 200 draws
+  CHECK(kiln::data::make_token_sequences(8, 16, 50, 4, 16).targets.equal(
+      kiln::data::make_token_sequences(8, 16, 50, 4).targets));
+  CHECK_THROWS_WITH_AS(kiln::data::make_token_sequences(8, 16, 50, 4, 17),
+                       doctest::Contains("min_len must be from 1 to seq_len (16), got 17"), kiln::config_error);
 }

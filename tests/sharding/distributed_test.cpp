@@ -122,7 +122,7 @@ TEST_SUITE("sharding") {
     CHECK(kiln::detail::make_buckets(params, 400).front().members.size() == 3);
   }
 
-  TEST_CASE("ddp: 2 ranks x 32 end with the parameters of 1 process x 64; one all-reduce per bucket per step") {
+  TEST_CASE("ddp: 2 ranks x 32 end with the parameters of 1 process x 64, one all-reduce per bucket per step") {
     kiln::test::temp_dir dir("ddp_equal");
     const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002\nfirst_bucket_mb = 0.002", adamw, 32, 6));
     const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 6));
@@ -187,7 +187,77 @@ TEST_SUITE("sharding") {
     CHECK(bf16_error < 0.1 * difference(half, single));
   }
 
-  TEST_CASE("local-sgd: sync_every = 1 equals one process on the global batch; sync_every = 4 averages 4x less") {
+  TEST_CASE("ddp with token normalisation: padded sequences of uneven lengths across ranks equal one process") {
+    // Sequences of 2 to 16 real tokens: the ranks' micro-batches hold different token counts, and
+    // DDP must average gradients weighted by the job's count, as one process's mean over all of
+    // the batch's tokens is.
+    kiln::test::temp_dir dir("ddp_tokens");
+    const std::string recipes = KILN_SOURCE_DIR "/tests/sharding/recipes/";
+    const std::string tokens = " --set accumulation.normalize=tokens --set data.min_len=2 --set train.steps=6";
+    auto run = [&](const std::string& recipe, const std::string& name, const std::string& extra) {
+      const bool ddp = recipe.rfind("ddp", 0) == 0;
+      auto result = kiln_cli(std::string(ddp ? "launch -n 2 '" : "run '") + recipes + recipe + ".toml'" + tokens +
+                                 extra + run_dir_option(dir.path / name),
+                             KILN_TEST_CLI);
+      REQUIRE_MESSAGE(result.status == 0, result.output);
+      return dir.path / name;
+    };
+    const int gpt_tensors = 2 + 2 * 12 + 2 + 1;
+    auto difference = [&](const fs::path& a, const fs::path& b) { return max_parameter_difference(a, b, gpt_tensors); };
+    const auto single = run("single-checkpointed", "single", "");
+    CHECK(difference(run("ddp-checkpointed", "ddp", ""), single) <= 1e-5);
+    // And with 2 micro-batches of 4 per rank: the window's count is the job's too.
+    CHECK(difference(run("ddp-checkpointed", "ddp_accumulated", " --set data.batch_size=4 --set accumulation.steps=2"),
+                     single) <= 1e-5);
+    // Each rank's mean, averaged (what "mean" does), is a different update.
+    CHECK(difference(run("ddp-checkpointed", "ddp_mean", " --set accumulation.normalize=mean"), single) > 1e-3);
+  }
+
+  TEST_CASE("ddp: BatchNorm statistics follow rank 0's, so every rank evaluates the model rank 0 saves") {
+    if (!fs::exists(fs::path(kiln::data::default_fashion_mnist_dir) / "t10k-images-idx3-ubyte.gz")) {
+      MESSAGE("skipped: Debian's dataset-fashion-mnist is not installed");
+      return;
+    }
+    kiln::test::temp_dir dir("ddp_buffers");
+    const auto recipe = dir.write(
+        "cnn.toml",
+        "[recipe]\nname = \"bn\"\n"
+        "[model]\nkind = \"cnn\"\nchannels = [4]\nhidden = 16\ndropout = 0.0\n"
+        "[data]\nkind = \"fashion-mnist\"\nbatch_size = 16\n"
+        "[train]\nsteps = 4\nthreads = 1\nlog_every = 1\n"
+        "[sharding]\nkind = \"ddp\"\n"
+        "[optimizer]\n" + adamw + "\n");
+    // The evaluation loss of rank 0's saved model on the whole test split, in this process.
+    auto saved_model_loss = [&](const fs::path& run) {
+      kiln::models::cnn model(kiln::models::cnn_settings{.channels = {4}, .hidden = 16, .dropout = 0.0});
+      kiln::load_module(*model, kiln::load_state_file(run / "state.pt"), "model/");
+      model->eval();
+      torch::NoGradGuard no_grad;
+      const auto test = kiln::data::load_fashion_mnist(kiln::data::default_fashion_mnist_dir, kiln::data::split::test);
+      double sum = 0;
+      for (std::int64_t begin = 0; begin < test.inputs.size(0); begin += 1000) {
+        const auto logits = model->forward(test.inputs.slice(0, begin, begin + 1000));
+        sum += torch::nn::functional::cross_entropy(logits, test.targets.slice(0, begin, begin + 1000),
+                                                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .item<double>();
+      }
+      return sum / static_cast<double>(test.inputs.size(0));
+    };
+    for (const bool broadcast : {true, false}) {
+      CAPTURE(broadcast);
+      const auto run = dir.path / (broadcast ? "broadcast" : "own");
+      auto launched = kiln_cli("launch -n 2 '" + recipe.string() + "'" + run_dir_option(run) +
+                               (broadcast ? "" : " --set sharding.broadcast_buffers=false"));
+      REQUIRE_MESSAGE(launched.status == 0, launched.output);
+      // Each rank evaluated half of the test split with its own statistics.
+      const double reported = summary_field(run, "eval_loss"), saved = saved_model_loss(run);
+      MESSAGE("eval loss reported by the ranks ", reported, ", of rank 0's model ", saved);
+      if (broadcast) CHECK(std::abs(reported - saved) <= 2e-6 * saved);
+      else CHECK(std::abs(reported - saved) > 1e-4 * saved);
+    }
+  }
+
+  TEST_CASE("local-sgd: sync_every = 1 equals one process on the global batch, sync_every = 4 averages 4x less") {
     kiln::test::temp_dir dir("local_sgd");
     const auto every_step = dir.write("every1.toml", job("kind = \"local-sgd\"\nsync_every = 1", sgd, 32, 8));
     const auto every_4 = dir.write("every4.toml", job("kind = \"local-sgd\"\nsync_every = 4", sgd, 32, 8));

@@ -68,6 +68,7 @@ inline void require_positive(const char* function, const char* name, std::int64_
 // Teacher seeds mix in a tag per generator so the two never share a stream.
 inline constexpr std::uint64_t classification_teacher_tag = 0x6b696c6e2d636c73ull;
 inline constexpr std::uint64_t markov_teacher_tag = 0x6b696c6e2d6d6b76ull;
+inline constexpr std::uint64_t padding_tag = 0x6b696c6e2d706164ull;
 
 }  // namespace kiln::detail
 
@@ -140,11 +141,20 @@ inline tensor_pair make_classification(std::int64_t n, std::int64_t features, st
 // prediction). Each token has three likely successors (probabilities 0.6, 0.25, 0.1) and
 // otherwise, with probability 0.05, any token; a model that learns the chain gets the
 // per-token loss down to about 1.3 nats for vocab 256, against log(256) = 5.5 for guessing.
+//
+// min_len < seq_len makes variable-length examples padded to seq_len, as fine-tuning data is:
+// each sequence's length is drawn uniformly from [min_len, seq_len], and past it the inputs are
+// 0 and the targets -100, the ignore index the loss skips. The tokens before that point are
+// those of the unpadded draw.
 inline tensor_pair make_token_sequences(std::int64_t n, std::int64_t seq_len, std::int64_t vocab,
-                                        std::uint64_t seed) {
+                                        std::uint64_t seed, std::int64_t min_len = 0) {
   detail::require_positive("make_token_sequences", "n", n);
   detail::require_positive("make_token_sequences", "seq_len", seq_len);
   detail::require_positive("make_token_sequences", "vocab", vocab, 2);
+  if (min_len == 0) min_len = seq_len;
+  if (min_len < 1 || min_len > seq_len)
+    throw config_error("make_token_sequences: min_len must be from 1 to seq_len (" + std::to_string(seq_len) +
+                       "), got " + std::to_string(min_len));
   constexpr int fanout = 3;
   constexpr double cumulative[fanout] = {0.6, 0.85, 0.95};
 
@@ -177,6 +187,16 @@ inline tensor_pair make_token_sequences(std::int64_t n, std::int64_t seq_len, st
   tensor_pair pair;
   pair.inputs = sequences.slice(1, 0, seq_len).contiguous();
   pair.targets = sequences.slice(1, 1, seq_len + 1).contiguous();
+  if (min_len < seq_len) {
+    detail::synthetic_rng length_rng(seed ^ detail::padding_tag);
+    std::int64_t* inputs = pair.inputs.data_ptr<std::int64_t>();
+    std::int64_t* targets = pair.targets.data_ptr<std::int64_t>();
+    for (std::int64_t row = 0; row < n; ++row) {
+      const std::int64_t length = min_len + length_rng.below(seq_len - min_len + 1);
+      std::fill(inputs + row * seq_len + length, inputs + (row + 1) * seq_len, std::int64_t{0});
+      std::fill(targets + row * seq_len + length, targets + (row + 1) * seq_len, std::int64_t{-100});
+    }
+  }
   return pair;
 }
 

@@ -35,6 +35,7 @@ class device_autocast {
 struct bf16 {
   using axis = kiln::axis::precision;
   static constexpr std::string_view kind = "bf16";
+  static constexpr bool always_finite = true;  // bf16 has fp32's range: no scale, no skipped step
 
   struct settings {
     template <class V>

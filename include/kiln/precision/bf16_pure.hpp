@@ -27,6 +27,7 @@ namespace kiln::precision {
 struct bf16_pure {
   using axis = kiln::axis::precision;
   static constexpr std::string_view kind = "bf16-pure";
+  static constexpr bool always_finite = true;  // bf16 has fp32's range: no scale, no skipped step
 
   struct settings {
     template <class V>

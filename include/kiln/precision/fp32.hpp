@@ -15,7 +15,9 @@
 //
 // Optional: `void save_state(kiln::state_dict&, const std::string& prefix) const` and
 // `void load_state(const kiln::state_dict&, const std::string& prefix)` if the policy has
-// state that must survive a resume (a loss scale, say).
+// state that must survive a resume (a loss scale, say); `static constexpr bool always_finite =
+// true` if unscale_and_check() can never return false, which spares distributed runs the
+// all_ranks_true() all-reduce on every step.
 #pragma once
 
 #include <string_view>
@@ -30,6 +32,7 @@ namespace kiln::precision {
 struct fp32 {
   using axis = kiln::axis::precision;
   static constexpr std::string_view kind = "fp32";
+  static constexpr bool always_finite = true;  // nothing scaled, no step to skip
 
   // Mirrors the recipe's [precision] table (besides `kind`); fp32 has nothing to set.
   struct settings {

@@ -79,6 +79,7 @@ struct data_settings {
   std::int64_t classes = 4;
   std::int64_t seq_len = 64;
   std::int64_t vocab_size = 64;
+  std::int64_t min_len = 0;  // synthetic-tokens: 0 = every sequence seq_len long
 
   template <class V>
   void describe(V& v) {
@@ -123,6 +124,10 @@ struct data_settings {
     } else {
       v.field("seq_len", seq_len, "tokens per sequence", checks::positive);
       v.field("vocab_size", vocab_size, "distinct tokens", checks::positive);
+      v.field("min_len", min_len,
+              "variable-length sequences: each is from min_len to seq_len tokens long, padded to seq_len with "
+              "targets the loss ignores (0: all seq_len long)",
+              checks::non_negative);
     }
   }
 };

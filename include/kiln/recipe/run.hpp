@@ -62,7 +62,10 @@ inline dataset_pair load_data(const recipe& r) {
                  (long long)corpus.bytes);
     return {std::move(corpus.train), std::move(corpus.eval), 0, data::byte_vocabulary, d.seq_len};
   }
-  auto all = data::make_token_sequences(d.samples + d.eval_samples, d.seq_len, d.vocab_size, seed);
+  if (d.min_len > d.seq_len)
+    throw config_error(r.file.string() + ": data.min_len = " + std::to_string(d.min_len) + " is longer than data.seq_len = " +
+                       std::to_string(d.seq_len));
+  auto all = data::make_token_sequences(d.samples + d.eval_samples, d.seq_len, d.vocab_size, seed, d.min_len);
   return {{all.inputs.slice(0, 0, d.samples), all.targets.slice(0, 0, d.samples)},
           {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
           0, d.vocab_size, d.seq_len};

@@ -15,8 +15,12 @@
 // - finish_backward() launches what backward did not fill (parameters unused this step send
 //   their current gradient, or zeros), waits for every bucket and writes the averages back into
 //   the parameters' .grad.
-// Buffers (BatchNorm statistics) are broadcast at prepare() only; ranks' running statistics then
-// evolve with their own data (torch DDP re-broadcasts them every forward by default).
+// - Buffers (BatchNorm's running statistics): rank 0's are broadcast at prepare() and, with
+//   broadcast_buffers (the default, as in torch DDP), again at the end of every window, during
+//   the gradient all-reduce, so every rank starts each window, evaluates and saves with rank
+//   0's. torch broadcasts them before the forward of each synchronising micro-step instead;
+//   the two agree without accumulation. Without broadcast_buffers each rank's statistics follow
+//   its own data.
 #pragma once
 
 #include <chrono>
@@ -38,10 +42,12 @@ class ddp : public kiln::detail::replicated_base {
   using axis = kiln::axis::sharding;
   static constexpr std::string_view kind = "ddp";
   static constexpr bool distributed = true;  // its ranks come from the launch environment
+  static constexpr bool averages_gradients = true;  // so sample/token counts are averaged too
 
   struct settings {
     double bucket_mb = 25.0;       // torch DDP's bucket_cap_mb
     double first_bucket_mb = 1.0;  // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
+    bool broadcast_buffers = true;  // torch DDP's broadcast_buffers
     double timeout_s = 300.0;      // a peer silent this long fails the job
     template <class V>
     void describe(V& v) {
@@ -49,6 +55,8 @@ class ddp : public kiln::detail::replicated_base {
       v.field("first_bucket_mb", first_bucket_mb,
               "size in MB of the first bucket (the last layers): small, so its all-reduce starts early in backward",
               checks::positive);
+      v.field("broadcast_buffers", broadcast_buffers,
+              "give every rank rank 0's buffers (BatchNorm statistics) after every optimizer step");
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);
@@ -62,12 +70,10 @@ class ddp : public kiln::detail::replicated_base {
   void prepare(torch::nn::Module& model) {
     params_ = kiln::detail::trainable_parameters(model);
     buckets_ = kiln::detail::make_buckets(params_, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
-    kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/false);
-    std::vector<torch::Tensor> buffers;
-    for (auto& b : model.buffers(/*recurse=*/true))
-      if (b.is_floating_point() || b.scalar_type() == torch::kLong) buffers.push_back(b);
-    auto buffer_buckets = kiln::detail::make_buckets(buffers, megabytes(settings_.bucket_mb));
-    kiln::detail::sync_parameters(*group_, buffer_buckets, buffers, /*average=*/false);
+    kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
+    buffers_ = kiln::detail::synchronised_buffers(model);
+    buffer_buckets_ = kiln::detail::make_buckets(buffers_, megabytes(settings_.bucket_mb));
+    kiln::detail::sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
 
     slot_of_.assign(params_.size(), {0, 0});
     for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -99,6 +105,12 @@ class ddp : public kiln::detail::replicated_base {
         if (!arrived_[b.members[k]]) fill(b, k, p.grad().defined() ? p.grad() : torch::zeros_like(p));
       }
     launch_ready_buckets();
+    // The window's forwards are done with the buffers: rank 0's go out behind the gradients.
+    const bool broadcast_buffers = settings_.broadcast_buffers && !buffer_buckets_.empty();
+    if (broadcast_buffers) {
+      kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
+      for (const auto& b : buffer_buckets_) count_collective(b);
+    }
     const double world = static_cast<double>(world_size());
     for (auto& b : buckets_) {
       const auto waiting_since = std::chrono::steady_clock::now();
@@ -112,6 +124,7 @@ class ddp : public kiln::detail::replicated_base {
         else p.mutable_grad() = b.slot(k, p).clone();
       }
     }
+    if (broadcast_buffers) kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
     start_backward();
   }
 
@@ -164,6 +177,8 @@ class ddp : public kiln::detail::replicated_base {
   std::vector<torch::Tensor> params_;
   std::vector<kiln::detail::param_bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> slot_of_;  // parameter -> (bucket, member)
+  std::vector<torch::Tensor> buffers_;
+  std::vector<kiln::detail::param_bucket> buffer_buckets_;
   std::vector<bool> arrived_;
   std::size_t next_launch_ = 0;
   bool syncing_ = true;

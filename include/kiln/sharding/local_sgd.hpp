@@ -6,7 +6,8 @@
 // are averaged. With sync_every = 1 and a linear update rule (SGD, with or without momentum) this
 // is DDP exactly; larger values trade some agreement between replicas for sync_every times fewer
 // collectives. Optimizer state (momentum, Adam's moments) stays local to each rank, as in
-// Accelerate's LocalSGD.
+// Accelerate's LocalSGD. Buffers (BatchNorm's running statistics) follow rank 0's at each
+// average, as DDP's do at each step, so the ranks evaluate and save one model.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,10 @@ class local_sgd : public kiln::detail::replicated_base {
   void prepare(torch::nn::Module& model) {
     params_ = kiln::detail::trainable_parameters(model);
     buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
-    kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/false);
+    kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
+    buffers_ = kiln::detail::synchronised_buffers(model);
+    buffer_buckets_ = kiln::detail::make_buckets(buffers_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
+    kiln::detail::sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
   }
 
   struct scope {};
@@ -59,9 +63,13 @@ class local_sgd : public kiln::detail::replicated_base {
   // run's length, 0 if unknown).
   void after_optimizer_step(std::int64_t step, std::int64_t total) {
     if (step % settings_.sync_every == 0 || step == total) {
-      kiln::detail::sync_parameters(*group_, buckets_, params_, /*average=*/true);
+      kiln::detail::start_sync(*group_, buckets_, params_, /*average=*/true);
+      kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
+      kiln::detail::finish_sync(*group_, buckets_, params_, /*average=*/true);
+      kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
       ++averages_;
       for (const auto& b : buckets_) count_collective(b);
+      for (const auto& b : buffer_buckets_) count_collective(b);
     }
   }
 
@@ -72,6 +80,8 @@ class local_sgd : public kiln::detail::replicated_base {
   settings settings_;
   std::vector<torch::Tensor> params_;
   std::vector<kiln::detail::param_bucket> buckets_;
+  std::vector<torch::Tensor> buffers_;
+  std::vector<kiln::detail::param_bucket> buffer_buckets_;
   std::int64_t averages_ = 0;
 };
 

@@ -12,6 +12,10 @@
 // Optional:
 //   static constexpr bool distributed = true   ranks come from the launch environment (the
 //                                              CLI then gives the loader this rank's shard);
+//   static constexpr bool averages_gradients = true
+//                                              gradients are averaged over ranks (ddp): the
+//                                              accumulation axis then averages its sample and
+//                                              token counts over ranks too;
 //   after_optimizer_step(step, total)          called after every optimizer step (local-sgd
 //                                              averages parameters there);
 //   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(),

@@ -90,22 +90,43 @@ inline std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model)
   return params;
 }
 
-// Launches one collective per bucket on the values of its members, then waits for all: the
-// bucket-sized messages travel back to back. `average`: sum, then divide by world (Gloo has no
-// average); else rank 0's values replace everyone's.
-inline void sync_parameters(process_group& group, std::vector<param_bucket>& buckets,
-                            const std::vector<torch::Tensor>& params, bool average) {
+// The buffers a replica's forward depends on and updates (BatchNorm's running statistics and
+// batch count), in registration order: floating-point ones and integer counters.
+inline std::vector<torch::Tensor> synchronised_buffers(torch::nn::Module& model) {
+  std::vector<torch::Tensor> buffers;
+  for (auto& b : model.buffers(/*recurse=*/true))
+    if (b.is_floating_point() || b.scalar_type() == torch::kLong) buffers.push_back(b);
+  return buffers;
+}
+
+// Starts one collective per bucket on the values of its members: the bucket-sized messages
+// travel back to back. `average`: a sum (Gloo has no average; finish_sync divides); else rank
+// 0's values go to everyone.
+inline void start_sync(process_group& group, std::vector<param_bucket>& buckets,
+                       const std::vector<torch::Tensor>& tensors, bool average) {
   torch::NoGradGuard no_grad;
   for (auto& b : buckets) {
-    for (std::size_t k = 0; k < b.members.size(); ++k) b.slot(k, params[b.members[k]]).copy_(params[b.members[k]]);
+    for (std::size_t k = 0; k < b.members.size(); ++k) b.slot(k, tensors[b.members[k]]).copy_(tensors[b.members[k]]);
     b.in_flight.emplace(average ? group.allreduce_sum(b.flat) : group.broadcast(b.flat, 0));
   }
+}
+
+// Waits for start_sync's collectives and writes the results back into the tensors.
+inline void finish_sync(process_group& group, std::vector<param_bucket>& buckets,
+                        const std::vector<torch::Tensor>& tensors, bool average) {
+  torch::NoGradGuard no_grad;
   for (auto& b : buckets) {
     b.in_flight->wait();
     b.in_flight.reset();
     if (average) b.flat.div_(static_cast<double>(group.world()));
-    for (std::size_t k = 0; k < b.members.size(); ++k) params[b.members[k]].copy_(b.slot(k, params[b.members[k]]));
+    for (std::size_t k = 0; k < b.members.size(); ++k) tensors[b.members[k]].copy_(b.slot(k, tensors[b.members[k]]));
   }
+}
+
+inline void sync_tensors(process_group& group, std::vector<param_bucket>& buckets,
+                            const std::vector<torch::Tensor>& tensors, bool average) {
+  start_sync(group, buckets, tensors, average);
+  finish_sync(group, buckets, tensors, average);
 }
 
 // The members every sharding policy has, for a policy holding a process group.
