@@ -35,6 +35,17 @@ find_path(KILN_GLOO_INCLUDE gloo/config.h)
 if(KILN_GLOO_INCLUDE)
   target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO)
 endif()
+# NCCL, likewise behind USE_C10D_NCCL: a CUDA LibTorch (the PyTorch wheel) has ProcessGroupNCCL,
+# whose header includes nccl.h, which the wheel's nvidia-nccl package keeps next to torch/.
+# -DKILN_WITH_NCCL=OFF leaves it out (kiln/detail/process_group.hpp says how tested it is).
+option(KILN_WITH_NCCL "use NCCL for [sharding] backend = auto/nccl where LibTorch has CUDA and nccl.h is found" ON)
+if(KILN_WITH_NCCL AND TORCH_CUDA_LIBRARIES)
+  find_path(KILN_NCCL_INCLUDE nccl.h HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ENV NCCL_INCLUDE_DIR)
+  if(KILN_NCCL_INCLUDE)
+    target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_NCCL)
+    target_include_directories(kiln_dependencies INTERFACE ${KILN_NCCL_INCLUDE})
+  endif()
+endif()
 # kiln's fused optimizers (kiln/optim/detail/fused_loop.hpp) inline update rules over 8-float
 # vectors into a copy of their loop compiled for AVX2; GCC notes, once per file, that passing such
 # vectors to a function compiled without AVX changed ABI in GCC 4.6. No vector crosses a call.

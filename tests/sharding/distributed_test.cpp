@@ -326,7 +326,7 @@ TEST_SUITE("sharding") {
     CHECK_MESSAGE(output.find("kiln launch: rank 1 was killed by signal") != std::string::npos, output);
   }
 
-  TEST_CASE("ddp outside a launch, and torchrun variables that do not add up, are errors that say so") {
+  TEST_CASE("ddp outside a launch, torchrun variables that do not add up, and NCCL without NCCL are errors that say so") {
     kiln::test::temp_dir dir("ddp_errors");
     const auto recipe = dir.write("ddp.toml", job("kind = \"ddp\"", adamw, 32, 2));
     auto alone = kiln_cli("run '" + recipe.string() + "'" + run_dir_option(dir.path / "run"));
@@ -338,5 +338,19 @@ TEST_SUITE("sharding") {
                            " ; RANK=2 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 '" +
                            KILN_CLI "' run '" + recipe.string() + "'");
     CHECK_MESSAGE(skewed.output.find("RANK='2': expected an integer from 0 to 1") != std::string::npos, skewed.output);
+    // NCCL asked for where LibTorch has none (Debian's is CPU-only): refused with the reason, even
+    // under a launch; "auto" falls back to Gloo, which the other tests run on.
+    if (!kiln::detail::nccl_built) {
+      auto nccl = kiln_cli("launch -n 2 '" + recipe.string() + "'" + run_dir_option(dir.path / "nccl") +
+                           " --set sharding.backend=nccl");
+      CHECK(nccl.status != 0);
+      CHECK_MESSAGE(nccl.output.find("[sharding] backend = \"nccl\": this build of LibTorch has no NCCL") !=
+                        std::string::npos,
+                    nccl.output);
+    }
+    auto typo = kiln_cli("run '" + recipe.string() + "'" + run_dir_option(dir.path / "typo") +
+                         " --set sharding.backend=ncl");
+    CHECK(typo.status != 0);
+    CHECK_MESSAGE(typo.output.find("sharding.backend") != std::string::npos, typo.output);
   }
 }

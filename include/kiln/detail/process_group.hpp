@@ -1,16 +1,25 @@
 // kiln/detail/process_group.hpp: the process group kiln's distributed training talks through.
 //
-// A thin layer over c10d: a TCPStore for the rendezvous (rank 0 serves it) and a Gloo process
-// group for the collectives, set up from torchrun's environment. It adds what c10d leaves to its
-// callers: a checked environment, one error type naming the rank and the collective that failed,
-// a guard against Gloo's silent misuse cases, and a count of collectives (tests check bucketing
-// with it).
+// A thin layer over c10d: a TCPStore for the rendezvous (rank 0 serves it) and a Gloo or NCCL
+// process group for the collectives, set up from torchrun's environment. It adds what c10d
+// leaves to its callers: a checked environment, one error type naming the rank and the
+// collective that failed, a guard against Gloo's silent misuse cases, and a count of
+// collectives (tests check bucketing with it).
 //
-// LibTorch 1.13 and 2.x need no version branch here. ProcessGroupGloo derives from
-// c10d::ProcessGroup in 1.13 and from c10d::Backend in 2.x (where c10d::ProcessGroup became a
-// wrapper dispatching to backends), but both declare these collectives, Options::create and the
-// device helpers with the same signatures, and kiln holds the ProcessGroupGloo itself. Only code
-// that must hand a c10d::ProcessGroup to c10d (the Reducer, say) would need the 2.x wrapper.
+// LibTorch 1.13 and 2.x need no version branch here. ProcessGroupGloo and ProcessGroupNCCL
+// derive from c10d::ProcessGroup in 1.13 and from c10d::Backend in 2.x (where
+// c10d::ProcessGroup became a wrapper dispatching to backends), but both versions declare
+// these collectives, Options::create, Options::timeout and the constructors with the same
+// signatures, and kiln holds the backend itself. Only code that must hand a c10d::ProcessGroup
+// to c10d (the Reducer, say) would need the 2.x wrapper.
+//
+// NCCL: compiled where the build defines USE_C10D_NCCL (kiln's CMake does for a CUDA LibTorch
+// when it finds nccl.h; see cmake/kiln_dependencies.cmake). Its collectives take CUDA tensors
+// only and are asynchronous on the GPU: wait() orders the current CUDA stream after them rather
+// than blocking the CPU, which is all kiln's callers need (they read results through tensor
+// ops or .item(), which synchronise). CPU tensors handed to the small collectives are staged
+// through the rank's GPU (staging_device()). This path has been written against the 1.13 and
+// 2.x headers but not yet run: no GPU machine has been available to kiln's sessions.
 #pragma once
 
 #ifndef USE_C10D_GLOO
@@ -33,6 +42,10 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <torch/cuda.h>
 
 #include "kiln/errors.hpp"
 
@@ -99,6 +112,33 @@ inline std::optional<dist_env> read_dist_env() {
   return env;
 }
 
+// The c10d backend a group's collectives run on.
+enum class backend { gloo, nccl };
+
+// Whether this build can make an NCCL group at all.
+inline constexpr bool nccl_built =
+#ifdef USE_C10D_NCCL
+    true;
+#else
+    false;
+#endif
+
+// "auto" (NCCL where this build has it and a GPU is visible, else Gloo, as torch.distributed
+// users choose), "gloo" or "nccl"; `where` names the setting in errors.
+inline backend resolve_backend(std::string_view name, const std::string& where) {
+  if (name == "gloo") return backend::gloo;
+  if (name == "nccl") {
+    if (!nccl_built)
+      throw config_error(where + " = \"nccl\": this build of LibTorch has no NCCL (a CPU-only LibTorch such as "
+                         "Debian's, or kiln's CMake found no nccl.h); use \"gloo\" or \"auto\"");
+    if (!torch::cuda::is_available())
+      throw config_error(where + " = \"nccl\": NCCL runs on GPUs and this process sees none; use \"gloo\" or \"auto\"");
+    return backend::nccl;
+  }
+  if (name == "auto") return nccl_built && torch::cuda::is_available() ? backend::nccl : backend::gloo;
+  throw config_error(where + " = \"" + std::string(name) + "\": expected \"auto\", \"gloo\" or \"nccl\"");
+}
+
 // A collective in flight. Gloo runs it on its own threads; failures show only when it is waited
 // on, so this is where they become distributed_error. The collective holds its tensors, and
 // dropping this object does not cancel it.
@@ -142,8 +182,11 @@ class process_group {
   // reports a rank that never came after about twice the timeout, as TCPStore's wait for workers
   // gives up silently and Gloo's own wait expires after it. It bounds each collective too: a
   // peer that stops answering fails the collective after it, one that exits fails it at once.
-  explicit process_group(const dist_env& env, std::chrono::milliseconds timeout = default_timeout)
-      : rank_(env.rank), world_(env.world), timeout_(timeout) {
+  //
+  // NCCL: the rank's GPU is cuda:LOCAL_RANK, as torchrun users set it.
+  explicit process_group(const dist_env& env, std::chrono::milliseconds timeout = default_timeout,
+                         backend kind = backend::gloo)
+      : rank_(env.rank), world_(env.world), timeout_(timeout), backend_(kind) {
     try {
       auto store = c10::make_intrusive<c10d::TCPStore>(
           env.master_addr, c10d::TCPStoreOptions{.port = static_cast<std::uint16_t>(env.master_port),
@@ -151,10 +194,24 @@ class process_group {
                                                  .numWorkers = static_cast<std::size_t>(env.world),
                                                  .waitWorkers = true,
                                                  .timeout = timeout});
-      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-      options->devices.push_back(gloo_device(env.master_addr));
-      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
-                                                          static_cast<int>(env.world), options);
+      if (kind == backend::nccl) {
+#ifdef USE_C10D_NCCL
+        staging_device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+        auto options = c10d::ProcessGroupNCCL::Options::create();
+        options->timeout = timeout;
+        nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(env.rank),
+                                                            static_cast<int>(env.world), options);
+#else
+        throw config_error("an NCCL process group in a build without NCCL");  // resolve_backend() refuses first
+#endif
+      } else {
+        auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+        options->devices.push_back(gloo_device(env.master_addr));
+        gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
+                                                            static_cast<int>(env.world), options);
+      }
+    } catch (const config_error&) {
+      throw;
     } catch (const c10::Error& e) {
       throw distributed_error(joining(env) + e.what_without_backtrace());
     } catch (const std::exception& e) {  // c10d::TimeoutError, gloo::IoException, ...
@@ -168,6 +225,10 @@ class process_group {
   std::int64_t rank() const { return rank_; }
   std::int64_t world() const { return world_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  backend kind() const { return backend_; }
+  // Where tensors must be for this group's collectives: the CPU for Gloo (which also takes CUDA
+  // tensors in CUDA builds), the rank's GPU for NCCL.
+  const torch::Device& staging_device() const { return staging_device_; }
 
   // Collectives of one kind this rank has launched, counting those c10d rejected at launch.
   std::int64_t launched(collective c) const { return launched_[static_cast<std::size_t>(c)].load(); }
@@ -181,7 +242,7 @@ class process_group {
   // Sums `tensor` over all ranks, in place. Gloo has no average: divide afterwards.
   pending_collective allreduce_sum(const at::Tensor& tensor) {
     std::vector<at::Tensor> tensors{tensor};
-    return launch(collective::allreduce, tensors, [&] { return gloo_->allreduce(tensors); });
+    return launch(collective::allreduce, tensors, [&] { return on_backend([&](auto& pg) { return pg.allreduce(tensors); }); });
   }
 
   // Overwrites `tensor` with rank `root`'s.
@@ -189,7 +250,8 @@ class process_group {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    return launch(collective::broadcast, tensors, [&] { return gloo_->broadcast(tensors, options); });
+    return launch(collective::broadcast, tensors,
+                  [&] { return on_backend([&](auto& pg) { return pg.broadcast(tensors, options); }); });
   }
 
   // outputs[r] receives rank r's `input`; outputs holds world() tensors shaped like it. Gloo in
@@ -200,12 +262,13 @@ class process_group {
     std::vector<std::vector<at::Tensor>> output_lists{outputs};
     std::vector<at::Tensor> operands{input};
     operands.insert(operands.end(), outputs.begin(), outputs.end());
-    return launch(collective::allgather, operands, [&] { return gloo_->allgather(output_lists, inputs); });
+    return launch(collective::allgather, operands,
+                  [&] { return on_backend([&](auto& pg) { return pg.allgather(output_lists, inputs); }); });
   }
 
   // Returns when every rank has reached its barrier.
   void barrier() {
-    launch(collective::barrier, {}, [&] { return gloo_->barrier(); }).wait();
+    launch(collective::barrier, {}, [&] { return on_backend([&](auto& pg) { return pg.barrier(); }); }).wait();
   }
 
  private:
@@ -223,8 +286,18 @@ class process_group {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }
 
+  // Runs `start` on the backend this group holds.
+  template <class Start>
+  c10::intrusive_ptr<c10d::Work> on_backend(Start&& start) {
+#ifdef USE_C10D_NCCL
+    if (nccl_) return start(*nccl_);
+#endif
+    return start(*gloo_);
+  }
+
   std::string joining(const dist_env& env) const {
-    return "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": joining the process group at " +
+    return "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": joining the " +
+           (backend_ == backend::nccl ? "NCCL" : "Gloo") + " process group at " +
            env.master_addr + ":" + std::to_string(env.master_port) + " (timeout " +
            std::to_string(timeout_.count()) + " ms) failed: ";
   }
@@ -262,7 +335,12 @@ class process_group {
   std::int64_t rank_;
   std::int64_t world_;
   std::chrono::milliseconds timeout_;
+  backend backend_;
+  torch::Device staging_device_{torch::kCPU};
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
+#ifdef USE_C10D_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
+#endif
   std::array<std::atomic<std::int64_t>, 4> launched_{};
 };
 

@@ -48,6 +48,7 @@ class ddp : public kiln::detail::replicated_base {
     double bucket_mb = 25.0;       // torch DDP's bucket_cap_mb
     double first_bucket_mb = 1.0;  // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
     bool broadcast_buffers = true;  // torch DDP's broadcast_buffers
+    std::string backend = "auto";  // c10d backend: NCCL on GPUs where built, else Gloo
     double timeout_s = 300.0;      // a peer silent this long fails the job
     template <class V>
     void describe(V& v) {
@@ -57,18 +58,22 @@ class ddp : public kiln::detail::replicated_base {
               checks::positive);
       v.field("broadcast_buffers", broadcast_buffers,
               "give every rank rank 0's buffers (BatchNorm statistics) after every optimizer step");
+      v.field("backend", backend,
+              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl",
+              checks::one_of({"auto", "gloo", "nccl"}));
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);
     }
   };
 
-  explicit ddp(const settings& s) : replicated_base(kind, s.timeout_s), settings_(s) {}
+  explicit ddp(const settings& s) : replicated_base(kind, s.timeout_s, s.backend), settings_(s) {}
   ddp(const ddp&) = delete;  // the gradient hooks hold `this`
   ddp& operator=(const ddp&) = delete;
 
   void prepare(torch::nn::Module& model) {
     params_ = kiln::detail::trainable_parameters(model);
+    check_parameters_on_backend(params_);
     buckets_ = kiln::detail::make_buckets(params_, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
     kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
     buffers_ = kiln::detail::synchronised_buffers(model);

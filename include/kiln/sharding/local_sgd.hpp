@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,6 +32,7 @@ class local_sgd : public kiln::detail::replicated_base {
   struct settings {
     std::int64_t sync_every = 8;  // optimizer steps between parameter averages
     double bucket_mb = 25.0;
+    std::string backend = "auto";  // c10d backend: NCCL on GPUs where built, else Gloo
     double timeout_s = 300.0;
     template <class V>
     void describe(V& v) {
@@ -38,16 +40,20 @@ class local_sgd : public kiln::detail::replicated_base {
               checks::positive);
       v.field("bucket_mb", bucket_mb, "parameter bucket size in MB: one all-reduce per bucket per average",
               checks::positive);
+      v.field("backend", backend,
+              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl",
+              checks::one_of({"auto", "gloo", "nccl"}));
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);
     }
   };
 
-  explicit local_sgd(const settings& s) : replicated_base(kind, s.timeout_s), settings_(s) {}
+  explicit local_sgd(const settings& s) : replicated_base(kind, s.timeout_s, s.backend), settings_(s) {}
 
   void prepare(torch::nn::Module& model) {
     params_ = kiln::detail::trainable_parameters(model);
+    check_parameters_on_backend(params_);
     buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
     kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
     buffers_ = kiln::detail::synchronised_buffers(model);

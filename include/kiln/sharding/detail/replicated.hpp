@@ -19,14 +19,17 @@
 namespace kiln::detail {
 
 // The process group of a job started by `kiln launch` or torchrun; a clear error otherwise.
-inline std::unique_ptr<process_group> join_process_group(std::string_view kind, double timeout_s) {
+// `backend`: the policy's setting, "auto", "gloo" or "nccl".
+inline std::unique_ptr<process_group> join_process_group(std::string_view kind, double timeout_s,
+                                                         std::string_view backend_name) {
+  const auto backend = resolve_backend(backend_name, "[sharding] backend");
   auto env = read_dist_env();
   if (!env)
     throw config_error("[sharding] kind = \"" + std::string(kind) +
                        "\" needs its ranks started together: run `kiln launch -n N RECIPE`, or torchrun, which set "
                        "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (unset here)");
   return std::make_unique<process_group>(
-      *env, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0)));
+      *env, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0)), backend);
 }
 
 // A run of parameters of one dtype laid end to end in one contiguous tensor: one collective per
@@ -132,25 +135,38 @@ inline void sync_tensors(process_group& group, std::vector<param_bucket>& bucket
 // The members every sharding policy has, for a policy holding a process group.
 class replicated_base {
  public:
-  replicated_base(std::string_view kind, double timeout_s) : group_(join_process_group(kind, timeout_s)) {}
+  replicated_base(std::string_view kind, double timeout_s, std::string_view backend)
+      : group_(join_process_group(kind, timeout_s, backend)) {}
 
   std::int64_t rank() const { return group_->rank(); }
   std::int64_t world_size() const { return group_->world(); }
 
   // All ranks must agree to step (the precision axis's finite check): one 1-element all-reduce.
   bool all_ranks_true(bool local) {
-    auto votes_against = torch::full({1}, local ? 0.0f : 1.0f);
+    auto votes_against = torch::full({1}, local ? 0.0f : 1.0f, torch::TensorOptions().device(group_->staging_device()));
     group_->allreduce_sum(votes_against).wait();
     return votes_against.item<float>() == 0.0f;
   }
 
+  // On t's device; through the group's (NCCL: the rank's GPU) where the backend needs it.
   torch::Tensor sum_over_ranks(const torch::Tensor& t) {
-    auto total = t.contiguous().clone();
+    const bool staged = group_->kind() == backend::nccl && !t.is_cuda();
+    auto total = staged ? t.to(group_->staging_device()).contiguous() : t.contiguous().clone();
     group_->allreduce_sum(total).wait();
-    return total;
+    return staged ? total.to(t.device()) : total;
   }
 
   process_group& group() { return *group_; }
+
+  // NCCL reduces GPU tensors only: a model left on the CPU is a recipe error, said at prepare().
+  void check_parameters_on_backend(const std::vector<torch::Tensor>& params) const {
+    if (group_->kind() != backend::nccl) return;
+    for (const auto& p : params)
+      if (!p.is_cuda())
+        throw config_error("[sharding] backend is NCCL, which reduces GPU tensors, and the model is on " +
+                           p.device().str() + "; set [train] device = \"cuda\" (or \"auto\"), or [sharding] "
+                           "backend = \"gloo\" to train on the CPU");
+  }
 
   // Bytes this rank sent into training collectives (gradient all-reduces, parameter averages;
   // not the start-up broadcast): the summary's measure of a policy's communication volume.
