@@ -229,6 +229,18 @@ TEST_SUITE("profiler") {
     CHECK(out.find("peak of a step") != std::string::npos);
     for (const char* file : {"ops.csv", "ops.json", "trace.json", "memory.csv", "phases.csv", "report.html"})
       CHECK_MESSAGE(std::filesystem::exists(dir / "run" / "profile" / file), file);
+    // Kineto's own trace where this LibTorch has Kineto (not Debian's 1.13), with kiln's phases
+    // as user annotations; otherwise the report says why there is none.
+    const auto kineto = dir / "run" / "profile" / "trace-kineto.json";
+    if (kiln::profiler::detail::kineto_session::available()) {
+      REQUIRE(std::filesystem::exists(kineto));
+      const auto check = "/usr/bin/python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+                         "assert any(e.get('name')=='forward' for e in d['traceEvents'])\" " + kineto.string();
+      CHECK(std::system(check.c_str()) == 0);
+    } else {
+      CHECK(!std::filesystem::exists(kineto));
+      CHECK(out.find("this LibTorch has no Kineto") != std::string::npos);
+    }
     std::filesystem::remove_all(dir);
   }
 }
