@@ -242,7 +242,8 @@ class process_group {
   // Sums `tensor` over all ranks, in place. Gloo has no average: divide afterwards.
   pending_collective allreduce_sum(const at::Tensor& tensor) {
     std::vector<at::Tensor> tensors{tensor};
-    return launch(collective::allreduce, tensors, [&] { return on_backend([&](auto& pg) { return pg.allreduce(tensors); }); });
+    return launch(collective::allreduce, tensors,
+                  [&] { return on_backend([&](auto& pg) { return pg.allreduce(tensors); }); });
   }
 
   // Overwrites `tensor` with rank `root`'s.

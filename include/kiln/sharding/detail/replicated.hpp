@@ -126,8 +126,9 @@ inline void finish_sync(process_group& group, std::vector<param_bucket>& buckets
   }
 }
 
+// Both, back to back: for a sync nothing else needs to overlap.
 inline void sync_tensors(process_group& group, std::vector<param_bucket>& buckets,
-                            const std::vector<torch::Tensor>& tensors, bool average) {
+                         const std::vector<torch::Tensor>& tensors, bool average) {
   start_sync(group, buckets, tensors, average);
   finish_sync(group, buckets, tensors, average);
 }
