@@ -100,6 +100,48 @@ double summary_field(const fs::path& run, const std::string& key) {
 
 std::string run_dir_option(const fs::path& dir) { return " --set run.dir='" + dir.string() + "' --no-progress"; }
 
+// A DDP job of 100,000 steps started by `kiln launch -n 2` in the background, once training runs
+// (rank 0 has written metrics): the launcher's pid, rank 1's and the launcher's log.
+struct long_job {
+  pid_t launcher = -1, rank1 = -1;
+  std::string log;
+};
+
+long_job start_long_job(const kiln::test::temp_dir& dir, int timeout_s, int grace_s) {
+  const auto recipe =
+      dir.write("long.toml", job("kind = \"ddp\"\ntimeout_s = " + std::to_string(timeout_s), adamw, 32, 100000));
+  long_job started;
+  started.log = (dir.path / "launch.log").string();
+  const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE exec '" KILN_CLI "' launch -n 2 '" +
+                              recipe.string() + "' --grace " + std::to_string(grace_s) + run_dir_option(dir.path / "run") +
+                              " > '" + started.log + "' 2>&1";
+  started.launcher = ::fork();
+  REQUIRE(started.launcher >= 0);
+  if (started.launcher == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto metrics = dir.path / "run" / "metrics.jsonl";
+  for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE_MESSAGE(fs::exists(metrics), read_file(started.log));
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const auto stat = read_file(entry.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    char state;
+    pid_t parent = 0;
+    fields >> state >> parent;
+    if (parent != started.launcher) continue;
+    const auto environment = '\0' + read_file(entry.path() / "environ");  // NUL-separated NAME=value
+    if (environment.find(std::string("\0RANK=1\0", 8)) != std::string::npos)
+      started.rank1 = static_cast<pid_t>(std::stoi(entry.path().filename().string()));
+  }
+  REQUIRE(started.rank1 > 0);
+  return started;
+}
+
 }  // namespace
 
 TEST_SUITE("sharding") {
@@ -282,48 +324,37 @@ TEST_SUITE("sharding") {
 
   TEST_CASE("kiln launch: a rank killed mid-run stops the job, non-zero, within the grace period") {
     kiln::test::temp_dir dir("launch_kill");
-    const auto recipe = dir.write("long.toml", job("kind = \"ddp\"\ntimeout_s = 20", adamw, 32, 100000));
-    const std::string log = (dir.path / "launch.log").string();
-    const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE exec '" KILN_CLI "' launch -n 2 '" +
-                                recipe.string() + "' --grace 15" + run_dir_option(dir.path / "run") + " > '" + log +
-                                "' 2>&1";
-    const pid_t launcher = ::fork();
-    REQUIRE(launcher >= 0);
-    if (launcher == 0) {
-      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    // Wait until training runs (rank 0 writes metrics), then kill rank 1.
-    const auto metrics = dir.path / "run" / "metrics.jsonl";
-    for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    REQUIRE_MESSAGE(fs::exists(metrics), read_file(log));
-    pid_t rank1 = -1;
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-      const auto stat = read_file(entry.path() / "stat");
-      const auto close = stat.rfind(')');
-      if (close == std::string::npos) continue;
-      std::istringstream fields(stat.substr(close + 2));
-      char state;
-      pid_t parent = 0;
-      fields >> state >> parent;
-      if (parent != launcher) continue;
-      const auto environment = read_file(entry.path() / "environ");
-      if (environment.find(std::string("RANK=1") + '\0') != std::string::npos &&
-          environment.find(std::string("LOCAL_RANK=1")) != std::string::npos)
-        rank1 = static_cast<pid_t>(std::stoi(entry.path().filename().string()));
-    }
-    REQUIRE(rank1 > 0);
+    auto launched = start_long_job(dir, /*timeout_s=*/20, /*grace_s=*/15);
     const auto killed_at = std::chrono::steady_clock::now();
-    ::kill(rank1, SIGKILL);
+    ::kill(launched.rank1, SIGKILL);
     int status = 0;
-    ::waitpid(launcher, &status, 0);
+    ::waitpid(launched.launcher, &status, 0);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    const auto output = read_file(log);
+    const auto output = read_file(launched.log);
     CHECK_MESSAGE(seconds < 20, output);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) != 0);
     CHECK_MESSAGE(output.find("kiln launch: rank 1 was killed by signal") != std::string::npos, output);
+  }
+
+  TEST_CASE("kiln launch: a rank that hangs mid-run fails the job, non-zero, within the timeout") {
+    // SIGSTOP: the process lives and its sockets stay open, so only the timeout can notice it.
+    kiln::test::temp_dir dir("launch_hang");
+    auto launched = start_long_job(dir, /*timeout_s=*/4, /*grace_s=*/3);
+    const auto stopped_at = std::chrono::steady_clock::now();
+    ::kill(launched.rank1, SIGSTOP);
+    int status = 0;
+    ::waitpid(launched.launcher, &status, 0);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+    const auto output = read_file(launched.log);
+    MESSAGE("the job ended ", seconds, " s after rank 1 stopped");
+    CHECK_MESSAGE(seconds < 4 + 3 + 10, output);  // timeout + grace + start-up slack
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) != 0);
+    // Rank 0's collective names itself and the collective; the launcher names the failed rank.
+    CHECK_MESSAGE(output.find("rank 0 of 2: allreduce") != std::string::npos, output);
+    CHECK_MESSAGE(output.find("kiln launch: rank 0 exited with status") != std::string::npos, output);
+    CHECK_MESSAGE(output.find("kiln launch: rank 1 did not stop within 3 s; killing it") != std::string::npos, output);
   }
 
   TEST_CASE("ddp outside a launch, torchrun variables that do not add up, and NCCL without NCCL are errors that say so") {
