@@ -185,6 +185,26 @@ TEST_SUITE("sharding") {
     CHECK(summary_field(dir.path / "ddp", "allreduce_wait_s") >= 0);
   }
 
+  TEST_CASE("torchrun starts kiln's ranks as kiln launch does: the same job, the same parameters") {
+    if (!fs::exists("/usr/bin/torchrun")) {
+      MESSAGE("skipped: torchrun (Debian's python3-torch) is not installed");
+      return;
+    }
+    kiln::test::temp_dir dir("torchrun");
+    const auto recipe = dir.write("ddp.toml", job("kind = \"ddp\"", adamw, 32, 4));
+    auto launched = kiln_cli("launch -n 2 '" + recipe.string() + "'" + run_dir_option(dir.path / "launch"));
+    REQUIRE_MESSAGE(launched.status == 0, launched.output);
+    // --no_python runs a program rather than a Python script. Debian's torchrun (1.13 under
+    // Python 3.11) cannot parse its own default --redirects/--tee of 0 (an IntFlag change in 3.11);
+    // 2 (stderr, also to the console) works with it and with 2.x.
+    auto torchrun = kiln_cli("--standalone --nproc_per_node 2 --redirects 2 --tee 2 --no_python '" KILN_CLI "' run '" +
+                                 recipe.string() + "'" + run_dir_option(dir.path / "torchrun"),
+                             "/usr/bin/torchrun");
+    REQUIRE_MESSAGE(torchrun.status == 0, torchrun.output);
+    CHECK(summary_field(dir.path / "torchrun", "world_size") == 2);
+    CHECK(max_parameter_difference(dir.path / "torchrun", dir.path / "launch") == 0);
+  }
+
   TEST_CASE("ddp with accumulation: 2 ranks x 2 micro-batches x 16 equal 1 x 64, still one all-reduce per bucket") {
     kiln::test::temp_dir dir("ddp_accumulate");
     const auto ddp_recipe = dir.write("ddp.toml", job("kind = \"ddp\"\nbucket_mb = 0.002\nfirst_bucket_mb = 0.002", adamw, 16, 5, 2));
