@@ -29,21 +29,30 @@ target_link_libraries(kiln_dependencies INTERFACE ${TORCH_LIBRARIES} tomlplusplu
 # TorchConfig.cmake gives its flags as one string (e.g. -D_GLIBCXX_USE_CXX11_ABI=1).
 separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
-# LibTorch's c10d headers hide the Gloo process group behind this macro, and
-# TorchConfig.cmake does not define it (FIELD-NOTES).
+# c10d's process groups, each compiled into kiln only where its headers are found: KILN_GLOO and
+# KILN_NCCL are kiln's own switches (kiln/detail/process_group.hpp). LibTorch's headers also
+# hide each group behind USE_C10D_GLOO / USE_C10D_NCCL, which Debian's TorchConfig.cmake does not
+# always define (FIELD-NOTES) and a PyTorch wheel may define without shipping the headers they
+# need, so these macros alone cannot tell.
 find_path(KILN_GLOO_INCLUDE gloo/config.h)
 if(KILN_GLOO_INCLUDE)
-  target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO)
+  target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO KILN_GLOO)
 endif()
-# NCCL, likewise behind USE_C10D_NCCL: a CUDA LibTorch (the PyTorch wheel) has ProcessGroupNCCL,
-# whose header includes nccl.h, which the wheel's nvidia-nccl package keeps next to torch/.
-# -DKILN_WITH_NCCL=OFF leaves it out (kiln/detail/process_group.hpp says how tested it is).
-option(KILN_WITH_NCCL "use NCCL for [sharding] backend = auto/nccl where LibTorch has CUDA and nccl.h is found" ON)
-if(KILN_WITH_NCCL AND TORCH_CUDA_LIBRARIES)
-  find_path(KILN_NCCL_INCLUDE nccl.h HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ENV NCCL_INCLUDE_DIR)
-  if(KILN_NCCL_INCLUDE)
-    target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_NCCL)
-    target_include_directories(kiln_dependencies INTERFACE ${KILN_NCCL_INCLUDE})
+# NCCL: a CUDA LibTorch built with it marks torch_cuda with USE_C10D_NCCL; its header includes
+# nccl.h, which the wheel's nvidia-nccl package keeps next to torch/. -DKILN_WITH_NCCL=OFF leaves
+# it out (kiln/detail/process_group.hpp says how tested it is).
+option(KILN_WITH_NCCL "use NCCL for [sharding] backend = auto/nccl where LibTorch has it and nccl.h is found" ON)
+if(KILN_WITH_NCCL AND TARGET torch_cuda)
+  get_target_property(_kiln_torch_cuda_definitions torch_cuda INTERFACE_COMPILE_DEFINITIONS)
+  if("USE_C10D_NCCL" IN_LIST _kiln_torch_cuda_definitions)
+    find_path(KILN_NCCL_INCLUDE nccl.h HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ENV NCCL_INCLUDE_DIR)
+    if(KILN_NCCL_INCLUDE)
+      target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_NCCL KILN_NCCL)
+      target_include_directories(kiln_dependencies INTERFACE ${KILN_NCCL_INCLUDE})
+    else()
+      message(WARNING "kiln: LibTorch has NCCL but nccl.h was not found (set NCCL_INCLUDE_DIR); "
+                      "distributed recipes will use Gloo")
+    endif()
   endif()
 endif()
 # kiln's fused optimizers (kiln/optim/detail/fused_loop.hpp) inline update rules over 8-float

@@ -113,14 +113,18 @@ inline std::vector<doctor_line> diagnose() {
   lines.push_back({"GEMM rate", gemm, ""});
   lines.push_back({"CPU bf16", detail::cpu_has_flag("avx512_bf16") ? "AVX-512 BF16" : "no native bf16", ""});
 
-#ifdef USE_C10D_GLOO
+#ifdef KILN_GLOO
   lines.push_back({"Gloo", "available", ""});
 #else
-  lines.push_back({"Gloo", "not compiled in (define USE_C10D_GLOO; Debian: libgloo-dev)", ""});
+  lines.push_back({"Gloo", "not compiled in (kiln's CMake found no gloo/config.h; Debian: libgloo-dev)", ""});
+#endif
+#ifdef KILN_NCCL
+  lines.push_back({"NCCL", "compiled in (used on GPUs by [sharding] backend = \"auto\" or \"nccl\")", ""});
+#else
+  lines.push_back({"NCCL", "not compiled in (needs a CUDA LibTorch and nccl.h)", ""});
 #endif
   const bool cuda = torch::cuda::is_available();
   lines.push_back({"CUDA", cuda ? std::to_string(torch::cuda::device_count()) + " device(s)" : "not available", ""});
-  lines.push_back({"NCCL", cuda ? "with CUDA builds of LibTorch" : "not available (CPU build)", ""});
 
   const std::filesystem::path fmnist = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
   lines.push_back({"Fashion-MNIST", std::filesystem::exists(fmnist) ? fmnist.parent_path().string() : "missing",

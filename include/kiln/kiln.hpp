@@ -35,7 +35,7 @@
 #include "kiln/profiler/phases.hpp"
 #include "kiln/profiler/trace.hpp"
 #include "kiln/sharding/single.hpp"
-#ifdef USE_C10D_GLOO
+#ifdef USE_DISTRIBUTED  // LibTorch with c10d; the backends (Gloo, NCCL) are checked at run time
 #include "kiln/sharding/ddp.hpp"
 #include "kiln/sharding/local_sgd.hpp"
 #endif

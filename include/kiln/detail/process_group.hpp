@@ -13,18 +13,27 @@
 // signatures, and kiln holds the backend itself. Only code that must hand a c10d::ProcessGroup
 // to c10d (the Reducer, say) would need the 2.x wrapper.
 //
-// NCCL: compiled where the build defines USE_C10D_NCCL (kiln's CMake does for a CUDA LibTorch
-// when it finds nccl.h; see cmake/kiln_dependencies.cmake). Its collectives take CUDA tensors
+// NCCL: compiled where the build defines KILN_NCCL (kiln's CMake does for a CUDA LibTorch built
+// with NCCL when it finds nccl.h; see cmake/kiln_dependencies.cmake). Its collectives take CUDA tensors
 // only and are asynchronous on the GPU: wait() orders the current CUDA stream after them rather
 // than blocking the CPU, which is all kiln's callers need (they read results through tensor
 // ops or .item(), which synchronise). CPU tensors handed to the small collectives are staged
 // through the rank's GPU (staging_device()). This path has been written against the 1.13 and
 // 2.x headers but not yet run: no GPU machine has been available to kiln's sessions.
+//
+// Gloo likewise needs KILN_GLOO (defined where Gloo's headers are found: libgloo-dev on
+// Debian). A build with neither backend still compiles; a distributed recipe then stops with
+// an error saying why.
 #pragma once
 
-#ifndef USE_C10D_GLOO
-#error "kiln/detail/process_group.hpp needs USE_C10D_GLOO (kiln::dependencies defines it where libgloo-dev is installed)"
+// LibTorch's headers declare each group only under its own macro as well.
+#if defined(KILN_GLOO) && defined(USE_C10D_GLOO)
+#define KILN_DETAIL_GLOO 1
 #endif
+#if defined(KILN_NCCL) && defined(USE_C10D_NCCL)
+#define KILN_DETAIL_NCCL 1
+#endif
+
 
 #include <array>
 #include <atomic>
@@ -40,9 +49,13 @@
 #include <utility>
 #include <vector>
 
+#ifdef KILN_DETAIL_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#ifdef KILN_DETAIL_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/cuda.h>
@@ -115,9 +128,15 @@ inline std::optional<dist_env> read_dist_env() {
 // The c10d backend a group's collectives run on.
 enum class backend { gloo, nccl };
 
-// Whether this build can make an NCCL group at all.
+// Whether this build can make a group of each kind at all.
+inline constexpr bool gloo_built =
+#ifdef KILN_DETAIL_GLOO
+    true;
+#else
+    false;
+#endif
 inline constexpr bool nccl_built =
-#ifdef USE_C10D_NCCL
+#ifdef KILN_DETAIL_NCCL
     true;
 #else
     false;
@@ -126,7 +145,14 @@ inline constexpr bool nccl_built =
 // "auto" (NCCL where this build has it and a GPU is visible, else Gloo, as torch.distributed
 // users choose), "gloo" or "nccl"; `where` names the setting in errors.
 inline backend resolve_backend(std::string_view name, const std::string& where) {
-  if (name == "gloo") return backend::gloo;
+  const auto gloo = [&] {
+    if (!gloo_built)
+      throw config_error(where + " = \"" + std::string(name) + "\": this build has no Gloo (kiln's CMake found no "
+                         "gloo/config.h: install libgloo-dev)" +
+                         (nccl_built ? "; NCCL is there, for GPUs" : ", and no NCCL either"));
+    return backend::gloo;
+  };
+  if (name == "gloo") return gloo();
   if (name == "nccl") {
     if (!nccl_built)
       throw config_error(where + " = \"nccl\": this build of LibTorch has no NCCL (a CPU-only LibTorch such as "
@@ -135,7 +161,7 @@ inline backend resolve_backend(std::string_view name, const std::string& where) 
       throw config_error(where + " = \"nccl\": NCCL runs on GPUs and this process sees none; use \"gloo\" or \"auto\"");
     return backend::nccl;
   }
-  if (name == "auto") return nccl_built && torch::cuda::is_available() ? backend::nccl : backend::gloo;
+  if (name == "auto") return nccl_built && torch::cuda::is_available() ? backend::nccl : gloo();
   throw config_error(where + " = \"" + std::string(name) + "\": expected \"auto\", \"gloo\" or \"nccl\"");
 }
 
@@ -195,7 +221,7 @@ class process_group {
                                                  .waitWorkers = true,
                                                  .timeout = timeout});
       if (kind == backend::nccl) {
-#ifdef USE_C10D_NCCL
+#ifdef KILN_DETAIL_NCCL
         staging_device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
         auto options = c10d::ProcessGroupNCCL::Options::create();
         options->timeout = timeout;
@@ -205,10 +231,14 @@ class process_group {
         throw config_error("an NCCL process group in a build without NCCL");  // resolve_backend() refuses first
 #endif
       } else {
+#ifdef KILN_DETAIL_GLOO
         auto options = c10d::ProcessGroupGloo::Options::create(timeout);
         options->devices.push_back(gloo_device(env.master_addr));
         gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
                                                             static_cast<int>(env.world), options);
+#else
+        throw config_error("a Gloo process group in a build without Gloo");  // resolve_backend() refuses first
+#endif
       }
     } catch (const config_error&) {
       throw;
@@ -273,6 +303,7 @@ class process_group {
   }
 
  private:
+#ifdef KILN_DETAIL_GLOO
   // Gloo binds the device's address and publishes it to the peers through the store.
   // GLOO_SOCKET_IFNAME picks the interface, as in torch.distributed. A loopback master means
   // that every rank runs on this host, so loopback serves and needs no name resolution;
@@ -286,14 +317,19 @@ class process_group {
     }
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }
+#endif
 
   // Runs `start` on the backend this group holds.
   template <class Start>
   c10::intrusive_ptr<c10d::Work> on_backend(Start&& start) {
-#ifdef USE_C10D_NCCL
+#ifdef KILN_DETAIL_NCCL
     if (nccl_) return start(*nccl_);
 #endif
+#ifdef KILN_DETAIL_GLOO
     return start(*gloo_);
+#else
+    throw distributed_error("no process group");  // unreachable: the constructor made one or threw
+#endif
   }
 
   std::string joining(const dist_env& env) const {
@@ -338,8 +374,10 @@ class process_group {
   std::chrono::milliseconds timeout_;
   backend backend_;
   torch::Device staging_device_{torch::kCPU};
+#ifdef KILN_DETAIL_GLOO
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
-#ifdef USE_C10D_NCCL
+#endif
+#ifdef KILN_DETAIL_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
 #endif
   std::array<std::atomic<std::int64_t>, 4> launched_{};

@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-#ifdef USE_C10D_GLOO
+#ifdef USE_DISTRIBUTED
 #include "kiln/detail/process_group.hpp"
 #endif
 #include "kiln/data/fashion_mnist.hpp"
@@ -180,7 +180,7 @@ struct place_in_job {
 template <class Sharding>
 place_in_job process_place() {
   if constexpr (requires { Sharding::distributed; }) {
-#ifdef USE_C10D_GLOO
+#ifdef USE_DISTRIBUTED
     if (const auto env = read_dist_env()) return {env->rank, env->world};
 #endif
   }
