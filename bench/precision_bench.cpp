@@ -1,25 +1,37 @@
 // kiln_bench_precision: the mixed-precision recipe's GPT under each precision policy.
 //
 //   kiln_bench_precision --threads N --steps S --rounds R   (bench/run_precision drives it)
+//   kiln_bench_precision --device cuda --d-model 1024 --layers 8 --seq 256 --batch 32
+//                                                          (a GPU: tools/device-check runs this)
 //
 // Per precision: median step time over rounds (fresh model each round, same data), the peak
 // memory LibTorch allocates during one training step above what the step started with
 // (activations kept for backward, gradients, temporaries: kiln::memory_meter), the bytes of
 // parameters + gradients + optimizer state (+ fp32 masters for bf16-pure), and the eval loss and
-// next-token accuracy after S x R steps of training. fp16 runs only where CUDA exists (LibTorch
-// 1.13's CPU autocast is bf16-only). Output: one JSON object per precision, one per line.
+// next-token accuracy after S x R steps of training. fp16 runs only on a CUDA device (LibTorch
+// 1.13's CPU autocast is bf16-only). The defaults are the recipe's small GPT on the CPU; a GPU
+// needs a larger one (--d-model, --layers, --seq, --batch) to be limited by its arithmetic rather
+// than by kernel launches. Output: one JSON object per precision, one per line.
 #include <kiln/kiln.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
 
-kiln::models::gpt_settings model_settings() {
-  return {.vocab_size = 64, .seq_len = 64, .d_model = 128, .n_layer = 4, .n_head = 4, .mlp_ratio = 4, .dropout = 0.1};
+struct options {
+  std::string device = "cpu";
+  std::int64_t threads = 2, steps = 50, rounds = 5;
+  std::int64_t d_model = 128, layers = 4, heads = 4, seq = 64, batch = 32, vocab = 64;
+};
+
+kiln::models::gpt_settings model_settings(const options& o) {
+  return {.vocab_size = o.vocab, .seq_len = o.seq, .d_model = o.d_model, .n_layer = o.layers, .n_head = o.heads,
+          .mlp_ratio = 4, .dropout = 0.1};
 }
 
 struct result {
@@ -33,25 +45,25 @@ double median(std::vector<double> v) {
 }
 
 template <class Precision>
-result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, std::int64_t steps,
-               std::int64_t rounds) {
+result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, const options& o) {
   using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
   result out;
   // Memory: one step through the accelerator with a meter around it (after a first step, so
   // that gradients and optimizer state already exist, as in every later step).
   {
     torch::manual_seed(0);
-    kiln::models::gpt model(model_settings());
-    kiln::accelerator<Precision, kiln::optim::adamw> acc({.optimizer = {.lr = 1e-3}});
+    kiln::models::gpt model(model_settings(o));
+    kiln::accelerator<Precision, kiln::optim::adamw> acc({.optimizer = {.lr = 1e-3}, .device = o.device});
     acc.prepare(model);
-    kiln::data::batch_loader loader(train, {.batch_size = 32});
+    kiln::data::batch_loader loader(train, {.batch_size = o.batch});
     auto step = [&] {
       auto batch = loader.next();
+      const auto inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
       torch::Tensor loss;
       {
         auto cast = acc.autocast();
-        auto logits = model->forward(batch.inputs);
-        loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}));
+        auto logits = model->forward(inputs);
+        loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
       }
       acc.backward(loss);
       acc.step();
@@ -71,19 +83,20 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
   }
   // Time and quality: `rounds` fits of `steps` steps, continuing the same model.
   torch::manual_seed(0);
-  kiln::models::gpt model(model_settings());
-  kiln::data::batch_loader loader(train, {.batch_size = 32});
+  kiln::models::gpt model(model_settings(o));
+  kiln::data::batch_loader loader(train, {.batch_size = o.batch});
   std::vector<double> times;
   typename trainer_t::settings s;
   s.accelerator.optimizer.lr = 1e-3;
+  s.accelerator.device = o.device;
   s.options.progress = false;
   s.options.log_every = 1 << 30;
   kiln::fit_summary summary;
-  for (std::int64_t r = 0; r < rounds; ++r) {
-    s.options.steps = steps;
+  for (std::int64_t r = 0; r < o.rounds; ++r) {
+    s.options.steps = o.steps;
     trainer_t t(s);
-    summary = t.fit(model, loader, r + 1 == rounds ? &eval : nullptr);
-    times.push_back(summary.seconds / static_cast<double>(steps));
+    summary = t.fit(model, loader, r + 1 == o.rounds ? &eval : nullptr);
+    times.push_back(summary.seconds / static_cast<double>(o.steps));
   }
   out.step_ms = 1e3 * median(times);
   out.eval_loss = summary.final_eval.loss;
@@ -101,19 +114,38 @@ void print(const char* name, const result& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 2, steps = 50, rounds = 5;
+  options o;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--device") o.device = value;
+    else if (flag == "--threads") o.threads = std::stoll(value);
+    else if (flag == "--steps") o.steps = std::stoll(value);
+    else if (flag == "--rounds") o.rounds = std::stoll(value);
+    else if (flag == "--d-model") o.d_model = std::stoll(value);
+    else if (flag == "--layers") o.layers = std::stoll(value);
+    else if (flag == "--heads") o.heads = std::stoll(value);
+    else if (flag == "--seq") o.seq = std::stoll(value);
+    else if (flag == "--batch") o.batch = std::stoll(value);
+    else if (flag == "--vocab") o.vocab = std::stoll(value);
+    else {
+      std::fprintf(stderr, "kiln_bench_precision: unknown option %s\n", flag.c_str());
+      return 2;
+    }
   }
-  at::set_num_threads(static_cast<int>(threads));
-  auto all = kiln::data::make_token_sequences(4096 + 512, 64, 64, 0);
+  at::set_num_threads(static_cast<int>(o.threads));
+  bool cuda = false;
+  try {
+    cuda = kiln::resolve_device(o.device, "--device").is_cuda();
+  } catch (const kiln::config_error& e) {
+    std::fprintf(stderr, "kiln_bench_precision: %s\n", e.what());
+    return 2;
+  }
+  auto all = kiln::data::make_token_sequences(4096 + 512, o.seq, o.vocab, 0);
   kiln::data::tensor_pair train{all.inputs.slice(0, 0, 4096), all.targets.slice(0, 0, 4096)};
   kiln::data::tensor_pair eval{all.inputs.slice(0, 4096), all.targets.slice(0, 4096)};
-  print("fp32", measure<kiln::precision::fp32>(train, eval, steps, rounds));
-  print("bf16", measure<kiln::precision::bf16>(train, eval, steps, rounds));
-  print("bf16-pure", measure<kiln::precision::bf16_pure>(train, eval, steps, rounds));
-  if (torch::cuda::is_available()) std::fprintf(stderr, "fp16: this benchmark runs on the CPU; see the README for CUDA\n");
+  print("fp32", measure<kiln::precision::fp32>(train, eval, o));
+  print("bf16", measure<kiln::precision::bf16>(train, eval, o));
+  print("bf16-pure", measure<kiln::precision::bf16_pure>(train, eval, o));
+  if (cuda) print("fp16", measure<kiln::precision::fp16>(train, eval, o));
   return 0;
 }
