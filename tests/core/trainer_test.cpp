@@ -175,7 +175,7 @@ TEST_SUITE("trainer") {
     fs::remove_all(dir);
   }
 
-  TEST_CASE("evaluate() equals a hand computation of loss and accuracy") {
+  TEST_CASE("evaluate() equals a hand computation of loss and accuracy, padding targets left out") {
     setup s(3);
     trainer_t t(settings_for({}, 1));
     auto info = t.evaluate(s.model, s.eval);
@@ -185,6 +185,18 @@ TEST_SUITE("trainer") {
     CHECK(info.loss == doctest::Approx(torch::nn::functional::cross_entropy(logits, s.eval.targets).item<double>()));
     CHECK(info.accuracy == doctest::Approx(logits.argmax(1).eq(s.eval.targets).to(torch::kFloat64).mean().item<double>()));
     CHECK(info.samples == 200);
+
+    // Padding targets (-100, the ignore index) are neither scored nor counted: the loss and the
+    // accuracy are over the other 150 samples.
+    auto padded = s.eval;
+    padded.targets = s.eval.targets.clone();
+    padded.targets.slice(0, 0, 50) = -100;
+    auto masked = t.evaluate(s.model, padded);
+    const auto real = logits.slice(0, 50);
+    const auto real_targets = s.eval.targets.slice(0, 50);
+    CHECK(masked.loss == doctest::Approx(torch::nn::functional::cross_entropy(real, real_targets).item<double>()));
+    CHECK(masked.accuracy == doctest::Approx(real.argmax(1).eq(real_targets).to(torch::kFloat64).mean().item<double>()));
+    CHECK(masked.samples == 150);
   }
 
   TEST_CASE("a failed write leaves the previous state file intact") {
