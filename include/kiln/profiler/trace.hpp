@@ -121,7 +121,9 @@ class trace_collector : public detail::op_sink {
         r.files.push_back(r.dir / "trace-kineto.json");
       }
       kineto_file_.reset();
-    } else {
+    } else if (kineto_tried_) {
+      r.print("trace: Kineto recorded, but its trace could not be written (the error is above)\n");
+    } else if (!detail::kineto_session::available()) {
       r.print("trace: this LibTorch has no Kineto: operators as RecordFunction sees them, on the CPU\n");
     }
     if (r.dir.empty()) return;
