@@ -142,6 +142,24 @@ long_job start_long_job(const kiln::test::temp_dir& dir, int timeout_s, int grac
   return started;
 }
 
+// Sends `signal` to the job's rank 1 and waits for the launcher: its exit status, the seconds
+// from the signal to its exit, and its log.
+struct job_end {
+  int status = 0;
+  double seconds = 0;
+  std::string output;
+};
+
+job_end signal_rank1(const long_job& job, int signal) {
+  const auto sent = std::chrono::steady_clock::now();
+  ::kill(job.rank1, signal);
+  job_end end;
+  ::waitpid(job.launcher, &end.status, 0);
+  end.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  end.output = read_file(job.log);
+  return end;
+}
+
 }  // namespace
 
 TEST_SUITE("sharding") {
@@ -344,13 +362,7 @@ TEST_SUITE("sharding") {
 
   TEST_CASE("kiln launch: a rank killed mid-run stops the job, non-zero, within the grace period") {
     kiln::test::temp_dir dir("launch_kill");
-    auto launched = start_long_job(dir, /*timeout_s=*/20, /*grace_s=*/15);
-    const auto killed_at = std::chrono::steady_clock::now();
-    ::kill(launched.rank1, SIGKILL);
-    int status = 0;
-    ::waitpid(launched.launcher, &status, 0);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    const auto output = read_file(launched.log);
+    const auto [status, seconds, output] = signal_rank1(start_long_job(dir, /*timeout_s=*/20, /*grace_s=*/15), SIGKILL);
     CHECK_MESSAGE(seconds < 20, output);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) != 0);
@@ -360,13 +372,7 @@ TEST_SUITE("sharding") {
   TEST_CASE("kiln launch: a rank that hangs mid-run fails the job, non-zero, within the timeout") {
     // SIGSTOP: the process lives and its sockets stay open, so only the timeout can notice it.
     kiln::test::temp_dir dir("launch_hang");
-    auto launched = start_long_job(dir, /*timeout_s=*/4, /*grace_s=*/3);
-    const auto stopped_at = std::chrono::steady_clock::now();
-    ::kill(launched.rank1, SIGSTOP);
-    int status = 0;
-    ::waitpid(launched.launcher, &status, 0);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
-    const auto output = read_file(launched.log);
+    const auto [status, seconds, output] = signal_rank1(start_long_job(dir, /*timeout_s=*/4, /*grace_s=*/3), SIGSTOP);
     MESSAGE("the job ended ", seconds, " s after rank 1 stopped");
     CHECK_MESSAGE(seconds < 4 + 3 + 10, output);  // timeout + grace + start-up slack
     REQUIRE(WIFEXITED(status));

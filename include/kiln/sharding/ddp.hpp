@@ -72,13 +72,7 @@ class ddp : public kiln::detail::replicated_base {
   ddp& operator=(const ddp&) = delete;
 
   void prepare(torch::nn::Module& model) {
-    params_ = kiln::detail::trainable_parameters(model);
-    check_parameters_on_backend(params_);
-    buckets_ = kiln::detail::make_buckets(params_, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
-    kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
-    buffers_ = kiln::detail::synchronised_buffers(model);
-    buffer_buckets_ = kiln::detail::make_buckets(buffers_, megabytes(settings_.bucket_mb));
-    kiln::detail::sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
+    replicate(model, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
 
     slot_of_.assign(params_.size(), {0, 0});
     for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -133,10 +127,9 @@ class ddp : public kiln::detail::replicated_base {
     start_backward();
   }
 
-  // Gradient all-reduces launched so far, and the buckets: tests and the summary check that an
-  // optimizer step costs one all-reduce per bucket.
+  // Gradient all-reduces launched so far: tests and the summary check that an optimizer step
+  // costs one all-reduce per bucket (buckets()).
   std::int64_t gradient_allreduces() const { return gradient_allreduces_; }
-  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
   // Seconds finish_backward() waited for all-reduces after backward ended: the communication
   // backward did not hide (it includes waiting for a slower rank to finish its backward).
   double allreduce_wait_s() const { return allreduce_wait_s_; }
@@ -154,8 +147,6 @@ class ddp : public kiln::detail::replicated_base {
     arrived_[i] = true;
     launch_ready_buckets();
   }
-
-  static std::int64_t megabytes(double mb) { return static_cast<std::int64_t>(mb * 1024 * 1024); }
 
   void fill(kiln::detail::param_bucket& b, std::size_t k, const torch::Tensor& value) {
     b.slot(k, params_[b.members[k]]).copy_(value);
@@ -179,11 +170,7 @@ class ddp : public kiln::detail::replicated_base {
   }
 
   settings settings_;
-  std::vector<torch::Tensor> params_;
-  std::vector<kiln::detail::param_bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> slot_of_;  // parameter -> (bucket, member)
-  std::vector<torch::Tensor> buffers_;
-  std::vector<kiln::detail::param_bucket> buffer_buckets_;
   std::vector<bool> arrived_;
   std::size_t next_launch_ = 0;
   bool syncing_ = true;

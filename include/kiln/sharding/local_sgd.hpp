@@ -51,15 +51,7 @@ class local_sgd : public kiln::detail::replicated_base {
 
   explicit local_sgd(const settings& s) : replicated_base(kind, s.timeout_s, s.backend), settings_(s) {}
 
-  void prepare(torch::nn::Module& model) {
-    params_ = kiln::detail::trainable_parameters(model);
-    check_parameters_on_backend(params_);
-    buckets_ = kiln::detail::make_buckets(params_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
-    kiln::detail::sync_tensors(*group_, buckets_, params_, /*average=*/false);
-    buffers_ = kiln::detail::synchronised_buffers(model);
-    buffer_buckets_ = kiln::detail::make_buckets(buffers_, static_cast<std::int64_t>(settings_.bucket_mb * 1024 * 1024));
-    kiln::detail::sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
-  }
+  void prepare(torch::nn::Module& model) { replicate(model, megabytes(settings_.bucket_mb)); }
 
   struct scope {};
   scope no_sync() { return {}; }
@@ -80,14 +72,9 @@ class local_sgd : public kiln::detail::replicated_base {
   }
 
   std::int64_t parameter_averages() const { return averages_; }
-  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
 
  private:
   settings settings_;
-  std::vector<torch::Tensor> params_;
-  std::vector<kiln::detail::param_bucket> buckets_;
-  std::vector<torch::Tensor> buffers_;
-  std::vector<kiln::detail::param_bucket> buffer_buckets_;
   std::int64_t averages_ = 0;
 };
 

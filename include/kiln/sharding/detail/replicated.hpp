@@ -159,25 +159,40 @@ class replicated_base {
 
   process_group& group() { return *group_; }
 
-  // NCCL reduces GPU tensors only: a model left on the CPU is a recipe error, said at prepare().
-  void check_parameters_on_backend(const std::vector<torch::Tensor>& params) const {
-    if (group_->kind() != backend::nccl) return;
-    for (const auto& p : params)
-      if (!p.is_cuda())
-        throw config_error("[sharding] backend is NCCL, which reduces GPU tensors, and the model is on " +
-                           p.device().str() + "; set [train] device = \"cuda\" (or \"auto\"), or [sharding] "
-                           "backend = \"gloo\" to train on the CPU");
-  }
-
   // Bytes this rank sent into training collectives (gradient all-reduces, parameter averages;
   // not the start-up broadcast): the summary's measure of a policy's communication volume.
   std::int64_t collective_bytes() const { return collective_bytes_; }
+  // Parameter buckets: one collective each per gradient all-reduce or parameter average.
+  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
 
  protected:
   void count_collective(const param_bucket& b) { collective_bytes_ += b.flat.numel() * b.flat.element_size(); }
 
+  // What every replica starts from: rank 0's trainable parameters and buffers, sent to every rank
+  // in buckets of cap_bytes (the first of each dtype: first_cap_bytes), which stay for later syncs.
+  void replicate(torch::nn::Module& model, std::int64_t cap_bytes, std::int64_t first_cap_bytes = -1) {
+    params_ = trainable_parameters(model);
+    if (group_->kind() == backend::nccl)  // NCCL reduces GPU tensors only
+      for (const auto& p : params_)
+        if (!p.is_cuda())
+          throw config_error("[sharding] backend is NCCL, which reduces GPU tensors, and the model is on " +
+                             p.device().str() + "; set [train] device = \"cuda\" (or \"auto\"), or [sharding] "
+                             "backend = \"gloo\" to train on the CPU");
+    buckets_ = make_buckets(params_, cap_bytes, first_cap_bytes);
+    sync_tensors(*group_, buckets_, params_, /*average=*/false);
+    buffers_ = synchronised_buffers(model);
+    buffer_buckets_ = make_buckets(buffers_, cap_bytes);
+    sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
+  }
+
+  static std::int64_t megabytes(double mb) { return static_cast<std::int64_t>(mb * 1024 * 1024); }
+
   std::unique_ptr<process_group> group_;
   std::int64_t collective_bytes_ = 0;
+  std::vector<torch::Tensor> params_;             // trainable, in registration order
+  std::vector<param_bucket> buckets_;             // over params_
+  std::vector<torch::Tensor> buffers_;            // synchronised_buffers()
+  std::vector<param_bucket> buffer_buckets_;      // over buffers_
 };
 
 }  // namespace kiln::detail
