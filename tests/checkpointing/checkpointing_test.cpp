@@ -114,6 +114,23 @@ TEST_SUITE("checkpointing") {
     CHECK(hooks == 1);
   }
 
+  TEST_CASE("every tensor the block reads gets its gradient, also one not listed among its parameters") {
+    auto w = torch::randn({8, 8}, torch::requires_grad());
+    auto scale = torch::full({1}, 2.0, torch::requires_grad());  // read by fn, not passed as a parameter
+    const std::function<torch::Tensor(const torch::Tensor&)> fn = [&](const torch::Tensor& in) {
+      return torch::tanh(in.matmul(w)) * scale;
+    };
+    auto x = torch::randn({4, 8}, torch::requires_grad());
+    fn(x).pow(2).sum().backward();
+    const auto plain_w = w.grad().clone(), plain_scale = scale.grad().clone(), plain_x = x.grad().clone();
+    for (auto* t : {&w, &scale, &x}) t->mutable_grad().reset();
+    kiln::checkpoint(fn, x, {w}).pow(2).sum().backward();
+    REQUIRE(scale.grad().defined());
+    CHECK((w.grad() - plain_w).abs().max().item<double>() <= 1e-6);
+    CHECK((scale.grad() - plain_scale).abs().max().item<double>() <= 1e-5);
+    CHECK((x.grad() - plain_x).abs().max().item<double>() <= 1e-6);
+  }
+
   TEST_CASE("the caller's RNG stream continues as if nothing had been recomputed") {
     counting_block a, b;
     b->set_checkpointed(true);

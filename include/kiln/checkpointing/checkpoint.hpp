@@ -2,20 +2,25 @@
 // keeping its activations.
 //
 // kiln::checkpoint(fn, x, params) runs fn(x) without recording a graph, keeps only x, and in
-// backward reruns fn(x) with grad on and takes the gradients of x and of params from that rerun.
+// backward reruns fn(x) with grad on and backpropagates through the rerun.
 // So that the rerun computes what the original did:
 //   - the RNG state of x's device (CPU or that GPU) at the original forward is restored around
 //     the rerun (dropout draws the same masks), and the caller's RNG stream continues as if
 //     nothing had been rerun;
 //   - the rerun happens under the CPU and CUDA autocast state of the original forward.
-// The parameters are inputs of the autograd node, so their gradients flow through the normal
-// AccumulateGrad path (gradient hooks fire, as sharding needs), and the output requires grad
-// even when x does not (the first block's input, say).
+// The backward through the rerun runs inside the outer one (reentrant, as
+// torch.utils.checkpoint(use_reentrant=True) does), so every tensor fn reads gets its gradient
+// from its own AccumulateGrad node, once: gradient hooks fire exactly once per backward, as
+// sharding needs. (Taking the parameters' gradients with autograd::grad() and returning them to
+// the outer engine would fire their hooks twice on LibTorch 2.x, where grad() runs the hooks of
+// the leaves it differentiates.) An empty anchor tensor that requires grad makes the output
+// require grad even when x does not (the first block's input, say).
 //
 // A module opts in by deriving from kiln::checkpointable and calling run_checkpointed() in its
 // forward; the checkpointing policies switch it on by name (kiln/checkpointing/blocks.hpp).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -58,15 +63,13 @@ class checkpoint_function : public torch::autograd::Function<checkpoint_function
   using forward_fn = std::function<torch::Tensor(const torch::Tensor&)>;
 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               torch::TensorList params, const forward_fn* fn) {
+                               const torch::Tensor& /*anchor*/, const forward_fn* fn) {
     ctx->saved_data["fn"] = reinterpret_cast<std::int64_t>(fn);
     // The generator dropout draws from is the one of the device the block runs on.
     ctx->saved_data["rng"] = at::Generator(at::globalContext().defaultGenerator(x.device())).get_state();
     autocast_state::current().save(ctx);
     ctx->saved_data["x_requires_grad"] = x.requires_grad();
-    std::vector<torch::Tensor> saved{x};
-    saved.insert(saved.end(), params.begin(), params.end());
-    ctx->save_for_backward(saved);
+    ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
     return (*fn)(x);
   }
@@ -75,8 +78,7 @@ class checkpoint_function : public torch::autograd::Function<checkpoint_function
                                                  torch::autograd::variable_list grad_outputs) {
     const auto* fn = reinterpret_cast<const forward_fn*>(ctx->saved_data["fn"].toInt());
     const bool x_requires_grad = ctx->saved_data["x_requires_grad"].toBool();
-    auto saved = ctx->get_saved_variables();
-    auto x = saved[0].detach().requires_grad_(x_requires_grad);
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(x_requires_grad);
 
     // Rerun with the original RNG state, then put the caller's state back.
     at::Generator generator = at::globalContext().defaultGenerator(x.device());
@@ -91,34 +93,25 @@ class checkpoint_function : public torch::autograd::Function<checkpoint_function
     }
     generator.set_state(caller_rng);
 
-    // Gradients of x and of the parameters from the rerun's graph; the engine accumulates the
-    // parameters' ones through their AccumulateGrad nodes, hooks included.
-    std::vector<torch::Tensor> wrt;
-    if (x_requires_grad) wrt.push_back(x);
-    for (std::size_t i = 1; i < saved.size(); ++i) wrt.push_back(saved[i]);
-    auto grads = wrt.empty() ? torch::autograd::variable_list{}
-                             : torch::autograd::grad({out}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
-                                                     /*create_graph=*/false, /*allow_unused=*/true);
-    torch::autograd::variable_list result;  // x, each parameter, then the (non-tensor) function
-    std::size_t next = 0;
-    result.push_back(x_requires_grad ? grads[next++] : torch::Tensor());
-    for (std::size_t i = 1; i < saved.size(); ++i) result.push_back(grads[next++]);
-    result.emplace_back();
-    return result;
+    // The parameters' AccumulateGrad nodes (hooks included) run in here; x, a detached leaf,
+    // collects its gradient in x.grad() for the outer graph.
+    if (out.requires_grad()) torch::autograd::backward({out}, {grad_outputs[0]});
+    return {x_requires_grad ? x.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace detail
 
-// fn(x) whose activations are recomputed in backward. `params` are the parameters fn reads
-// (those requiring grad); `fn` must outlive the backward pass (a module's member, say).
+// fn(x) whose activations are recomputed in backward. `params` are the parameters fn reads:
+// the output requires grad when x or one of them does, as fn(x) itself would. `fn` must outlive
+// the backward pass (a module's member, say).
 inline torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& x,
                                 const std::vector<torch::Tensor>& params) {
   if (!torch::GradMode::is_enabled()) return fn(x);  // evaluation: nothing to save anyway
-  std::vector<torch::Tensor> trainable;
-  for (const auto& p : params)
-    if (p.requires_grad()) trainable.push_back(p);
-  return detail::checkpoint_function::apply(x, torch::TensorList(trainable), &fn);
+  const bool trainable = std::any_of(params.begin(), params.end(), [](const auto& p) { return p.requires_grad(); });
+  if (!trainable && !x.requires_grad()) return fn(x);  // no gradient flows here: nothing to recompute
+  const auto anchor = torch::empty({0}, x.options().dtype(torch::kFloat).requires_grad(true));
+  return detail::checkpoint_function::apply(x, anchor, &fn);
 }
 
 // A module whose forward can be recomputed in backward. Derive from it, put the forward's
