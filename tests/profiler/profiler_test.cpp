@@ -165,6 +165,45 @@ TEST_SUITE("profiler") {
     CHECK(meter.current() == 0);  // stopped: not counted
   }
 
+  TEST_CASE("a meter inside a meter counts into both, and a foreign holder of the profiler slot is refused") {
+    kiln::memory_meter outer, inner;
+    outer.start();
+    auto a = torch::empty({1000}, torch::kFloat32);  // 4000 B, outer only
+    inner.start();
+    auto b = torch::empty({250}, torch::kFloat64);   // 2000 B, both
+    CHECK(inner.current() == 2000);
+    CHECK(outer.current() == 6000);
+    inner.stop();
+    b = torch::Tensor();                             // outer only again
+    CHECK(inner.current() == 2000);
+    CHECK(outer.current() == 4000);
+    outer.stop();
+
+    // Kineto keeps its state in the same slot; a stand-in for it.
+    struct foreign_state : c10::DebugInfoBase {};
+    c10::DebugInfoGuard kineto_like(c10::DebugInfoKind::PROFILER_STATE, std::make_shared<foreign_state>());
+    kiln::memory_meter refused;
+    CHECK_THROWS_WITH_AS(refused.start(), doctest::Contains("LibTorch's profiler (Kineto) is recording"),
+                         std::logic_error);
+    CHECK_FALSE(kiln::profiler::detail::kineto_session::slot_free());
+  }
+
+  TEST_CASE("the memory profiler holds LibTorch's profiler slot through its steps only, so trace skips Kineto then") {
+    {
+      kiln::profiler::profile<kiln::profiler::trace_collector, kiln::profiler::memory_collector> profiler(
+          always_active());
+      CHECK_FALSE(kiln::profiler::detail::kineto_session::slot_free());  // the trace's Kineto check sees this
+      profiler.begin(kiln::phase::forward);
+      auto x = torch::ones({8}).sum();
+      profiler.end(kiln::phase::forward);
+      profiler.on_step_end(1);
+      CHECK_FALSE(kiln::profiler::detail::kineto_session::slot_free());
+      profiler.finish({});
+      CHECK(kiln::profiler::detail::kineto_session::slot_free());
+    }
+    CHECK(kiln::profiler::detail::kineto_session::slot_free());
+  }
+
   TEST_CASE("memory profiler: per-phase and per-step peaks, held bytes") {
     auto model = three_linear_layers();
     kiln::profiler::memory profiler(always_active());

@@ -9,7 +9,9 @@
 // Where LibTorch has Kineto (PyTorch's 2.x builds; not Debian's 1.13), the first active cycle
 // is also recorded by Kineto into trace-kineto.json, torch.profiler's own trace, with the CUDA
 // kernels and copies where they ran; kiln's phases appear in it as user annotations
-// (RecordFunction ranges of USER_SCOPE, which kiln's own collectors ignore).
+// (RecordFunction ranges of USER_SCOPE, which kiln's own collectors ignore). Kineto and the
+// `memory` profiler need the same per-thread slot of LibTorch's (kiln/profiler/detail/kineto.hpp),
+// so with "memory" selected too the trace comes from RecordFunction alone, and the report says so.
 #pragma once
 
 #include <cstdio>
@@ -45,9 +47,13 @@ class trace_collector : public detail::op_sink {
   void set_mode(profile_mode mode) {
     const bool was_recording = recording_;
     recording_ = mode == profile_mode::active;
-    if (recording_ && !was_recording && !kineto_tried_ && detail::kineto_session::available()) {
-      kineto_tried_ = true;
-      kineto_.emplace(settings_.record_shapes);
+    if (recording_ && !was_recording && !kineto_tried_) {
+      if (!detail::kineto_session::slot_free()) {
+        kineto_blocked_ = true;  // the memory profiler's meter runs in these steps
+      } else if (detail::kineto_session::available()) {
+        kineto_tried_ = true;
+        kineto_.emplace(settings_.record_shapes);
+      }
     }
     if (!recording_ && kineto_) finish_kineto();
     if (recording_) step_start_ = detail::now_us();
@@ -123,8 +129,12 @@ class trace_collector : public detail::op_sink {
       kineto_file_.reset();
     } else if (kineto_tried_) {
       r.print("trace: Kineto recorded, but its trace could not be written (the error is above)\n");
-    } else if (!detail::kineto_session::available()) {
+    } else if (detail::kineto_session::slot_free() && !detail::kineto_session::available()) {
       r.print("trace: this LibTorch has no Kineto: operators as RecordFunction sees them, on the CPU\n");
+    } else if (kineto_blocked_) {
+      r.print("trace: Kineto not used: the memory profiler's meter holds LibTorch's one profiler slot in these steps "
+              "and the two cannot record together; for Kineto's trace (CUDA kernels and copies) leave \"memory\" out, "
+              "e.g. --set 'profiler.kind=[\"trace\", \"phases\"]'\n");
     }
     if (r.dir.empty()) return;
     std::ofstream(r.dir / "trace.json") << json();
@@ -141,6 +151,7 @@ class trace_collector : public detail::op_sink {
   std::optional<detail::kineto_session> kineto_;
   std::optional<at::RecordFunction> kineto_ranges_[8];
   std::optional<std::filesystem::path> kineto_file_;  // Kineto's trace, until report() moves it
+  bool kineto_blocked_ = false;
   bool kineto_tried_ = false;                          // Kineto records the first active cycle only
 
   // Ends the Kineto session into a file of its own until report(). A trace that cannot be

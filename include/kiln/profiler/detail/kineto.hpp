@@ -6,16 +6,23 @@
 // (USE_KINETO is private to LibTorch's own build, and the headers declare the same API either
 // way), so it is found out at run time, once per process: a Kineto session with nothing in it
 // either saves a trace or throws. Debian's LibTorch 1.13 throws; PyTorch's 2.x wheels have it.
+//
+// Kineto keeps its state in the thread's one profiler slot (c10's PROFILER_STATE debug info),
+// the slot kiln::memory_meter reports allocations through; LibTorch finds its profiler there
+// without checking what it is. So a session starts only while that slot is free (slot_free()),
+// and a meter refuses to start while a session records.
 #pragma once
 
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include <unistd.h>
 
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
@@ -23,7 +30,11 @@ namespace kiln::profiler::detail {
 
 class kineto_session {
  public:
-  // True when this LibTorch can write a Kineto trace. The probe costs one empty session.
+  // Whether nothing (a kiln::memory_meter, another profiler) holds this thread's profiler slot.
+  static bool slot_free() { return c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr; }
+
+  // True when this LibTorch can write a Kineto trace. The probe costs one empty session; call it
+  // only while slot_free().
   static bool available() {
     static const bool answer = [] {
       const auto probe = std::filesystem::temp_directory_path() /
@@ -45,6 +56,7 @@ class kineto_session {
 
   // Starts recording: operators on the CPU, and CUDA activity where a GPU is visible.
   explicit kineto_session(bool record_shapes) {
+    if (!slot_free()) throw std::logic_error("a Kineto session while this thread's profiler slot is taken");
     namespace prof = torch::autograd::profiler;
     const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO, record_shapes);
     std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
