@@ -26,7 +26,8 @@ add_library(kiln_dependencies INTERFACE IMPORTED GLOBAL)
 add_library(kiln::dependencies ALIAS kiln_dependencies)
 target_link_libraries(kiln_dependencies INTERFACE ${TORCH_LIBRARIES} tomlplusplus::tomlplusplus ZLIB::ZLIB
                                                   ${CMAKE_DL_LIBS})
-# TorchConfig.cmake gives its flags as one string (e.g. -D_GLIBCXX_USE_CXX11_ABI=1).
+# TorchConfig.cmake gives its flags as one string (1.13: -D_GLIBCXX_USE_CXX11_ABI=1; recent
+# wheels give none, their ABI being the compiler's default).
 separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
 # c10d's process groups, each compiled into kiln only where its headers are found: KILN_GLOO and
@@ -34,7 +35,10 @@ target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
 # hide each group behind USE_C10D_GLOO / USE_C10D_NCCL, which Debian's TorchConfig.cmake does not
 # always define (FIELD-NOTES) and a PyTorch wheel may define without shipping the headers they
 # need, so these macros alone cannot tell.
-find_path(KILN_GLOO_INCLUDE gloo/config.h)
+# Gloo's headers must be those LibTorch was built with, so they are looked for beside LibTorch's
+# own (Debian's libgloo-dev puts them in /usr/include, as its LibTorch's; a PyTorch wheel ships
+# none), not wherever else the system has a Gloo.
+find_path(KILN_GLOO_INCLUDE gloo/config.h HINTS "${TORCH_INSTALL_PREFIX}/include" NO_DEFAULT_PATH)
 if(KILN_GLOO_INCLUDE)
   target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO KILN_GLOO)
 endif()
@@ -45,7 +49,16 @@ option(KILN_WITH_NCCL "use NCCL for [sharding] backend = auto/nccl where LibTorc
 if(KILN_WITH_NCCL AND TARGET torch_cuda)
   get_target_property(_kiln_torch_cuda_definitions torch_cuda INTERFACE_COMPILE_DEFINITIONS)
   if("USE_C10D_NCCL" IN_LIST _kiln_torch_cuda_definitions)
-    find_path(KILN_NCCL_INCLUDE nccl.h HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ENV NCCL_INCLUDE_DIR)
+    # The header must match the NCCL LibTorch was built with (c10d's NCCL options embed its
+    # ncclConfig_t): NCCL_INCLUDE_DIR, then the wheel's nvidia-nccl package, before any other.
+    find_path(KILN_NCCL_INCLUDE nccl.h HINTS ENV NCCL_INCLUDE_DIR "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include"
+              NO_DEFAULT_PATH)
+    if(NOT KILN_NCCL_INCLUDE)
+      find_path(KILN_NCCL_INCLUDE nccl.h)
+      if(KILN_NCCL_INCLUDE)
+        message(STATUS "kiln: using ${KILN_NCCL_INCLUDE}/nccl.h: it must be the NCCL version LibTorch was built with")
+      endif()
+    endif()
     if(KILN_NCCL_INCLUDE)
       target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_NCCL KILN_NCCL)
       target_include_directories(kiln_dependencies INTERFACE ${KILN_NCCL_INCLUDE})

@@ -47,7 +47,7 @@ class autocast_scope {
  public:
   autocast_scope(c10::DeviceType device, at::ScalarType dtype)
       : device_(device), was_enabled_(autocast_enabled(device)), previous_dtype_(autocast_dtype(device)) {
-    set_autocast_dtype(device, dtype);  // throws on a dtype the backend does not support
+    set_autocast_dtype(device, dtype);  // 1.13 throws on a dtype the backend does not support; 2.x does not check
     set_autocast_enabled(device, true);
     at::autocast::increment_nesting();
   }

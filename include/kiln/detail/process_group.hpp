@@ -18,8 +18,14 @@
 // only and are asynchronous on the GPU: wait() orders the current CUDA stream after them rather
 // than blocking the CPU, which is all kiln's callers need (they read results through tensor
 // ops or .item(), which synchronise). CPU tensors handed to the small collectives are staged
-// through the rank's GPU (staging_device()). This path has been written against the 1.13 and
-// 2.x headers but not yet run: no GPU machine has been available to kiln's sessions.
+// through the rank's GPU (staging_device()). A collective that does not finish within the
+// timeout is ended by c10d's NCCL watchdog, which by default aborts the process (kiln launch
+// and torchrun then report that rank) rather than raising on the waiting thread; set
+// TORCH_NCCL_BLOCKING_WAIT=1 to have the waiting rank fail with the collective's name instead,
+// at the cost of the CPU blocking on every wait. The group is shut down when destroyed (aborted
+// when an error is unwinding), as torch.distributed.destroy_process_group() does. This path has
+// been checked against the 1.13 and 2.x headers but not yet run: no GPU machine has been
+// available to kiln's sessions.
 //
 // Gloo likewise needs KILN_GLOO (defined where Gloo's headers are found: libgloo-dev on
 // Debian). A build with neither backend still compiles; a distributed recipe then stops with
@@ -56,9 +62,11 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #ifdef KILN_DETAIL_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/cuda.h>
+#include <torch/torch.h>
 
 #include "kiln/errors.hpp"
 
@@ -142,9 +150,11 @@ inline constexpr bool nccl_built =
     false;
 #endif
 
-// "auto" (NCCL where this build has it and a GPU is visible, else Gloo, as torch.distributed
-// users choose), "gloo" or "nccl"; `where` names the setting in errors.
-inline backend resolve_backend(std::string_view name, const std::string& where) {
+// "auto" (NCCL where this build has it and there is a GPU for each rank on this host, else Gloo,
+// as torch.distributed users choose), "gloo" or "nccl"; `where` names the setting in errors.
+// NCCL needs a GPU of its own per rank: two ranks on one GPU fail at their first collective.
+inline backend resolve_backend(std::string_view name, const std::string& where, std::int64_t local_ranks = 1) {
+  const auto gpus = [] { return torch::cuda::is_available() ? static_cast<std::int64_t>(torch::cuda::device_count()) : 0; };
   const auto gloo = [&] {
     if (!gloo_built)
       throw config_error(where + " = \"" + std::string(name) + "\": this build has no Gloo (kiln's CMake found no "
@@ -157,11 +167,15 @@ inline backend resolve_backend(std::string_view name, const std::string& where) 
     if (!nccl_built)
       throw config_error(where + " = \"nccl\": this build of LibTorch has no NCCL (a CPU-only LibTorch such as "
                          "Debian's, or kiln's CMake found no nccl.h); use \"gloo\" or \"auto\"");
-    if (!torch::cuda::is_available())
+    if (gpus() == 0)
       throw config_error(where + " = \"nccl\": NCCL runs on GPUs and this process sees none; use \"gloo\" or \"auto\"");
+    if (gpus() < local_ranks)
+      throw config_error(where + " = \"nccl\": " + std::to_string(local_ranks) + " ranks on this host and " +
+                         std::to_string(gpus()) + " GPU" + (gpus() == 1 ? "" : "s") +
+                         " visible; NCCL needs one GPU per rank: start at most that many ranks per host, or use \"gloo\"");
     return backend::nccl;
   }
-  if (name == "auto") return nccl_built && torch::cuda::is_available() ? backend::nccl : gloo();
+  if (name == "auto") return nccl_built && gpus() >= local_ranks ? backend::nccl : gloo();
   throw config_error(where + " = \"" + std::string(name) + "\": expected \"auto\", \"gloo\" or \"nccl\"");
 }
 
@@ -194,7 +208,7 @@ class [[nodiscard]] pending_collective {
 // another thread (an autograd hook) is fine; two threads racing to launch is not, as their
 // order would differ between ranks.
 //
-// Destroying the group waits for the collectives still in flight, so unwinding past one whose
+// Destroying a Gloo group waits for the collectives still in flight, so unwinding past one whose
 // peer hangs takes up to the timeout.
 class process_group {
  public:
@@ -203,13 +217,15 @@ class process_group {
   // c10d's default, which torch.distributed uses for Gloo.
   static constexpr std::chrono::milliseconds default_timeout = std::chrono::minutes(30);
 
-  // Blocks until every rank has joined. The store is needed only for that, and Gloo keeps it (on
-  // rank 0, the server) until the group is destroyed. `timeout` bounds the rendezvous: rank 0
-  // reports a rank that never came after about twice the timeout, as TCPStore's wait for workers
-  // gives up silently and Gloo's own wait expires after it. It bounds each collective too: a
-  // peer that stops answering fails the collective after it, one that exits fails it at once.
+  // Blocks until every rank has joined. The store is needed only for that, and the group keeps it
+  // (on rank 0, the server) until it is destroyed. `timeout` bounds the rendezvous: rank 0
+  // reports a rank that never came after the timeout (LibTorch 2.x's TCPStore) or about twice
+  // it (1.13's gives up silently and Gloo's own wait expires after it). It bounds each
+  // collective too: under Gloo a peer that stops answering fails the collective after it, one
+  // that exits fails it at once.
   //
-  // NCCL: the rank's GPU is cuda:LOCAL_RANK, as torchrun users set it.
+  // NCCL: the rank's GPU is cuda:(LOCAL_RANK mod the GPUs visible), as kiln's [train] device
+  // "cuda" picks it, until use_device() names the model's.
   explicit process_group(const dist_env& env, std::chrono::milliseconds timeout = default_timeout,
                          backend kind = backend::gloo)
       : rank_(env.rank), world_(env.world), timeout_(timeout), backend_(kind) {
@@ -222,7 +238,8 @@ class process_group {
                                                  .timeout = timeout});
       if (kind == backend::nccl) {
 #ifdef KILN_DETAIL_NCCL
-        staging_device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+        use_device(torch::Device(torch::kCUDA,
+                                 static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count())));
         auto options = c10d::ProcessGroupNCCL::Options::create();
         options->timeout = timeout;
         nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(env.rank),
@@ -251,6 +268,24 @@ class process_group {
 
   process_group(const process_group&) = delete;
   process_group& operator=(const process_group&) = delete;
+  ~process_group() {
+#ifdef KILN_DETAIL_NCCL
+    if (nccl_) close(*nccl_, /*failed=*/std::uncaught_exceptions() > 0);
+#endif
+  }
+
+  // NCCL: the GPU this rank's collectives and staged tensors use, the model's (before the first
+  // collective: c10d makes the rank's NCCL communicator on first use, for that tensor's GPU).
+  // It also becomes this thread's current CUDA device. Gloo: nothing to do.
+  void use_device(const torch::Device& device) {
+#ifdef KILN_DETAIL_NCCL
+    if (backend_ != backend::nccl) return;
+    staging_device_ = device;
+    c10::cuda::set_device(device.index());
+#else
+    (void)device;
+#endif
+  }
 
   std::int64_t rank() const { return rank_; }
   std::int64_t world() const { return world_; }
@@ -299,7 +334,9 @@ class process_group {
 
   // Returns when every rank has reached its barrier.
   void barrier() {
-    launch(collective::barrier, {}, [&] { return on_backend([&](auto& pg) { return pg.barrier(); }); }).wait();
+    c10d::BarrierOptions options;  // NCCL would otherwise guess the GPU from the rank, with a warning
+    if (staging_device_.is_cuda()) options.device_ids = {staging_device_.index()};
+    launch(collective::barrier, {}, [&] { return on_backend([&](auto& pg) { return pg.barrier(options); }); }).wait();
   }
 
  private:
@@ -318,6 +355,20 @@ class process_group {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }
 #endif
+
+  // LibTorch 2.x warns when an NCCL group is destroyed without shutdown() and then aborts it;
+  // 1.13's has neither call and cleans up in its destructor.
+  template <class Group>
+  static void close(Group& group, bool failed) noexcept {
+    try {
+      if (failed) {
+        if constexpr (requires { group.abort(); }) group.abort();
+      } else if constexpr (requires { group.shutdown(); }) {
+        group.shutdown();
+      }
+    } catch (const std::exception&) {  // leaving anyway
+    }
+  }
 
   // Runs `start` on the backend this group holds.
   template <class Start>

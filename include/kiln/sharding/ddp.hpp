@@ -131,7 +131,8 @@ class ddp : public kiln::detail::replicated_base {
   // costs one all-reduce per bucket (buckets()).
   std::int64_t gradient_allreduces() const { return gradient_allreduces_; }
   // Seconds finish_backward() waited for all-reduces after backward ended: the communication
-  // backward did not hide (it includes waiting for a slower rank to finish its backward).
+  // backward did not hide (it includes waiting for a slower rank to finish its backward). Under
+  // NCCL, wait() only orders the GPU stream, so this is CPU time and reads near zero.
   double allreduce_wait_s() const { return allreduce_wait_s_; }
 
  private:

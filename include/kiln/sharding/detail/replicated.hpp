@@ -22,8 +22,8 @@ namespace kiln::detail {
 // `backend`: the policy's setting, "auto", "gloo" or "nccl".
 inline std::unique_ptr<process_group> join_process_group(std::string_view kind, double timeout_s,
                                                          std::string_view backend_name) {
-  const auto backend = resolve_backend(backend_name, "[sharding] backend");
   auto env = read_dist_env();
+  const auto backend = resolve_backend(backend_name, "[sharding] backend", env ? env->local_world : 1);
   if (!env)
     throw config_error("[sharding] kind = \"" + std::string(kind) +
                        "\" needs its ranks started together: run `kiln launch -n N RECIPE`, or torchrun, which set "
@@ -178,6 +178,7 @@ class replicated_base {
           throw config_error("[sharding] backend is NCCL, which reduces GPU tensors, and the model is on " +
                              p.device().str() + "; set [train] device = \"cuda\" (or \"auto\"), or [sharding] "
                              "backend = \"gloo\" to train on the CPU");
+    if (!params_.empty()) group_->use_device(params_.front().device());
     buckets_ = make_buckets(params_, cap_bytes, first_cap_bytes);
     sync_tensors(*group_, buckets_, params_, /*average=*/false);
     buffers_ = synchronised_buffers(model);
