@@ -87,9 +87,12 @@ inline std::vector<doctor_line> diagnose() {
   for (const auto& lib : detail::loaded_libraries())
     if (lib.find("blas") != std::string::npos) blas = lib;
   std::string blas_warning;
-  if (blas.find("openblas") == std::string::npos && blas.find("mkl") == std::string::npos &&
-      blas.find("blis") == std::string::npos)
+  if (blas == "unknown" && at::hasMKL()) {
+    blas = "MKL, linked into LibTorch";  // PyTorch's own builds
+  } else if (blas.find("openblas") == std::string::npos && blas.find("mkl") == std::string::npos &&
+             blas.find("blis") == std::string::npos) {
     blas_warning = "this looks like the reference BLAS (~50x slower): apt-get install libopenblas0-pthread";
+  }
   lines.push_back({"BLAS library", blas, blas_warning});
 
   using corename_fn = char* (*)();

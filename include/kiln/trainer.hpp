@@ -395,9 +395,14 @@ class trainer {
     load_module(module, state, "model/");
     acc_->load_state(state);
     train.load_state(state, "data/");
-    auto rng = require(state, "rng/cpu");
     at::Generator cpu_generator = at::globalContext().defaultGenerator(torch::kCPU);
-    cpu_generator.set_state(rng);
+    cpu_generator.set_state(require(state, "rng/cpu"));
+    // Dropout on a GPU draws from that device's generator. A state saved on another device kind
+    // (a CPU run resumed on a GPU) leaves it as seeded.
+    if (const auto cuda = state.find("rng/cuda"); cuda != state.end() && acc_->device().is_cuda()) {
+      at::Generator cuda_generator = at::globalContext().defaultGenerator(acc_->device());
+      cuda_generator.set_state(cuda->second);
+    }
     const auto step = acc_->optimizer_steps();
     metrics_log::truncate_after_step(options_.run_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "kiln: resuming %s at step %lld\n", options_.run_dir.c_str(), (long long)step);
@@ -411,6 +416,7 @@ class trainer {
     acc_->save_state(state);
     train.save_state(state, "data/");
     state["rng/cpu"] = at::globalContext().defaultGenerator(torch::kCPU).get_state();
+    if (acc_->device().is_cuda()) state["rng/cuda"] = at::globalContext().defaultGenerator(acc_->device()).get_state();
     save_state_file(options_.run_dir / "state.pt", state);
   }
 
