@@ -42,9 +42,18 @@ compiled_combination make_combination(combination_kinds kinds, std::vector<std::
 
 namespace detail {
 
+// The combination compiled for the recipe's kinds; failing that, one with the same kinds on
+// every other axis and more profilers (each combination has an every-profiler twin for `kiln
+// profile`), which then runs only the recipe's (read_policy_settings sets profiler.only).
 inline const compiled_combination& find_combination(const recipe& r, const std::vector<compiled_combination>& catalog) {
   for (const auto& c : catalog)
     if (c.kinds == r.kinds) return c;
+  for (const auto& c : catalog) {
+    bool others_equal = true;
+    for (std::size_t i = 0; i < c.kinds.size(); ++i)
+      others_equal = others_equal && (i == profiler_axis || c.kinds[i] == r.kinds[i]);
+    if (others_equal && profiler_kinds_within(r.kinds[profiler_axis], c.kinds[profiler_axis])) return c;
+  }
   std::string text = r.file.string() + ": this kiln binary does not contain the policy combination\n  " +
                      r.combination() + "\nit contains:\n";
   for (const auto& c : catalog) text += "  " + combination_name(c.kinds) + "\n";
@@ -190,7 +199,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
         for (const auto& file : c.recipes) std::printf("  %-40s %s\n", file.c_str(), detail::read_description(file).c_str());
       std::printf("\npolicy combinations:\n");
       for (const auto& c : catalog)
-        std::printf("  %s%s\n", combination_name(c.kinds).c_str(), c.recipes.empty() ? "   (for kiln profile)" : "");
+        std::printf("  %s%s\n", combination_name(c.kinds).c_str(), c.recipes.empty() ? "   (for kiln profile, and recipes asking for fewer profilers)" : "");
       return 0;
     }
     if (args.command == "runs") return detail::list_runs(args.recipe.empty() ? "runs" : args.recipe);

@@ -270,7 +270,59 @@ TEST_SUITE("profiler") {
       CHECK_MESSAGE(std::filesystem::exists(dir / "run" / "profile" / file), file);
     // Kineto's own trace where this LibTorch has Kineto (not Debian's 1.13), with kiln's phases
     // as user annotations; otherwise the report says why there is none.
-    const auto kineto = dir / "run" / "profile" / "trace-kineto.json";
+    // kiln profile runs the memory profiler, which Kineto cannot share steps with: the report
+    // says why there is no Kineto trace.
+    CHECK(!std::filesystem::exists(dir / "run" / "profile" / "trace-kineto.json"));
+    CHECK(out.find(kiln::profiler::detail::kineto_session::available() ? "Kineto not used"
+                                                                        : "this LibTorch has no Kineto") != std::string::npos);
+    std::filesystem::remove_all(dir);
+  }
+
+  TEST_CASE("a profile runs only the collectors its settings select, and refuses one it was not built with") {
+    auto settings = always_active();
+    settings.only = "trace+phases";
+    auto model = three_linear_layers();
+    {
+      kiln::profiler::profile<kiln::profiler::ops_collector, kiln::profiler::trace_collector,
+                              kiln::profiler::memory_collector, kiln::profiler::phases_collector>
+          profiler(settings);
+      CHECK(kiln::profiler::detail::kineto_session::slot_free());  // no memory meter: Kineto may record
+      for (int step = 1; step <= 2; ++step) {
+        profiler.begin(kiln::phase::forward);
+        auto y = model->forward(torch::randn({4, 8}));
+        profiler.end(kiln::phase::forward);
+        profiler.on_step_end(step);
+      }
+      CHECK(profiler.collector<kiln::profiler::ops_collector>().recorded_steps() == 0);
+      CHECK(profiler.collector<kiln::profiler::memory_collector>().steps().empty());
+      CHECK(profiler.collector<kiln::profiler::phases_collector>().steps().size() == 2);
+      CHECK_FALSE(profiler.collector<kiln::profiler::trace_collector>().events().empty());
+    }
+    settings.only = "ops+memry";
+    CHECK_THROWS_WITH_AS(kiln::profiler::profile<kiln::profiler::ops_collector>{settings},
+                         doctest::Contains("\"memry\" is not compiled into this profiler (ops)"), kiln::config_error);
+  }
+
+  TEST_CASE("a recipe may ask for fewer profilers than its binary has: the every-profiler build runs them") {
+    const auto dir = std::filesystem::temp_directory_path() / ("kiln-subset-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "small.toml") << "[recipe]\nname = \"small\"\n"
+                                         "[model]\nkind = \"mlp\"\nin_features = 16\nhidden = [32]\nclasses = 4\n"
+                                         "[data]\nkind = \"synthetic-classification\"\nfeatures = 16\nclasses = 4\n"
+                                         "batch_size = 32\n[train]\nsteps = 8\n[optimizer]\nkind = \"adamw\"\n"
+                                         "[profiler]\nkind = [\"trace\", \"phases\"]\nwait = 1\nwarmup = 1\nactive = 3\n";
+    auto out = run_cli("run " + (dir / "small.toml").string() + " --no-progress --set run.dir=" + (dir / "run").string());
+    CHECK_MESSAGE(out.find("=== kiln profile (trace+phases) ===") != std::string::npos, out);
+    const auto profile = dir / "run" / "profile";
+    for (const char* file : {"trace.json", "phases.csv", "report.html"}) CHECK_MESSAGE(std::filesystem::exists(profile / file), file);
+    for (const char* file : {"ops.csv", "memory.csv"}) CHECK_MESSAGE(!std::filesystem::exists(profile / file), file);
+    std::ifstream resolved(dir / "run" / "recipe.toml");
+    const std::string text((std::istreambuf_iterator<char>(resolved)), std::istreambuf_iterator<char>());
+    CHECK_MESSAGE(text.find("kind = [\"trace\", \"phases\"]") != std::string::npos, text);
+    // With the memory profiler left out, Kineto records where this LibTorch has it (not
+    // Debian's 1.13), with kiln's phases as user annotations.
+    const auto kineto = profile / "trace-kineto.json";
     if (kiln::profiler::detail::kineto_session::available()) {
       REQUIRE(std::filesystem::exists(kineto));
       const auto check = "/usr/bin/python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "

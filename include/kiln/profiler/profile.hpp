@@ -26,13 +26,16 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/errors.hpp"
 #include "kiln/profiler/report_html.hpp"
 #include "kiln/recipe/fields.hpp"
+#include "kiln/recipe/kinds.hpp"
 
 namespace kiln::profiler {
 
@@ -45,6 +48,10 @@ struct profiler_settings {
   bool record_shapes = false;
   std::int64_t top = 20;  // rows of the printed op table
   bool print = true;      // print the report at the end (files are written either way)
+  // The collectors that run, as "trace+phases"; empty: all of the policy's. Not a recipe field:
+  // the CLI sets it when a recipe asks for fewer profilers than the combination it runs on has
+  // (the every-profiler combination compiled for `kiln profile` serves any subset).
+  std::string only;
 
   template <class V>
   void describe(V& v) {
@@ -137,7 +144,13 @@ class profile {
 
   // Each collector is built in place from the settings: collectors register callbacks that
   // point at themselves, so they are never moved.
-  explicit profile(const settings& s) : settings_(s), collectors_(((void)sizeof(Collectors), s)...) {
+  explicit profile(const settings& s)
+      : settings_(s), collectors_(((void)sizeof(Collectors), s)...), selected_{selected(Collectors::kind)...} {
+    for_each_collector_kind(s.only, [](std::string_view wanted) {
+      if (((wanted != Collectors::kind) && ...))
+        throw config_error("[profiler] kind: \"" + std::string(wanted) + "\" is not compiled into this profiler (" +
+                           std::string(kind) + ")");
+    });
     apply(mode_for(0));
   }
   profile(const profile&) = delete;
@@ -174,7 +187,7 @@ class profile {
     report.quiet = !settings_.print;
     if (!dir.empty()) std::filesystem::create_directories(dir);
     report.html.title = "kiln profile";
-    report.print("\n=== kiln profile (" + std::string(kind) + ") ===\n");
+    report.print("\n=== kiln profile (" + (settings_.only.empty() ? std::string(kind) : settings_.only) + ") ===\n");
     for_each([&](auto& c) { c.report(report); });
     if (!gradients_.empty()) {
       std::string text = "\ngradient health (last diagnostics step)\n";
@@ -229,13 +242,22 @@ class profile {
     mode_ = mode;
     for_each([mode](auto& c) { c.set_mode(mode); });
   }
+  bool selected(std::string_view collector) const {
+    bool chosen = settings_.only.empty();
+    for_each_collector_kind(settings_.only, [&](std::string_view wanted) { chosen = chosen || wanted == collector; });
+    return chosen;
+  }
+  // Over the selected collectors only: the others are never switched on and report nothing.
   template <class F>
   void for_each(F&& f) {
-    std::apply([&](auto&... c) { (f(c), ...); }, collectors_);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((selected_[I] ? f(std::get<I>(collectors_)) : void()), ...);
+    }(std::index_sequence_for<Collectors...>{});
   }
 
   settings settings_;
   std::tuple<Collectors...> collectors_;
+  std::array<bool, sizeof...(Collectors)> selected_;
   profile_mode mode_ = profile_mode::off;
   std::int64_t step_index_ = 0;
   bool participating_ = true;

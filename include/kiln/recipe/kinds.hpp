@@ -16,6 +16,30 @@ namespace kiln {
 inline constexpr std::array<std::string_view, 6> axis_names = {"precision",  "accumulation", "checkpointing",
                                                                "sharding",   "optimizer",    "profiler"};
 
+inline constexpr std::size_t profiler_axis = axis_names.size() - 1;
+static_assert(axis_names[profiler_axis] == "profiler");
+
+// "ops+memory" -> each of "ops", "memory" (a profiler kind names one collector or several).
+template <class F>
+void for_each_collector_kind(std::string_view kind, F&& f) {
+  while (!kind.empty()) {
+    const auto plus = kind.find('+');
+    f(kind.substr(0, plus));
+    kind = plus == std::string_view::npos ? std::string_view{} : kind.substr(plus + 1);
+  }
+}
+
+// Whether every collector of `subset` is one of `kind`'s ("trace+phases" of "ops+trace+memory+phases").
+inline bool profiler_kinds_within(std::string_view subset, std::string_view kind) {
+  bool within = !subset.empty() && subset != "none" && kind != "none";
+  for_each_collector_kind(subset, [&](std::string_view wanted) {
+    bool found = false;
+    for_each_collector_kind(kind, [&](std::string_view have) { found = found || have == wanted; });
+    within = within && found;
+  });
+  return within;
+}
+
 struct policy_kind {
   std::string_view axis;
   std::string_view kind;
@@ -71,12 +95,10 @@ inline std::string policy_type(std::string_view axis, std::string_view kind) {
     return std::string(find_policy_kind(axis, kind)->type);
   std::string type = "kiln::profiler::profile<";
   bool first = true;
-  while (!kind.empty()) {
-    const auto plus = kind.find('+');
-    type += (first ? "" : ", ") + std::string(find_policy_kind(axis, kind.substr(0, plus))->type);
+  for_each_collector_kind(kind, [&](std::string_view one) {
+    type += (first ? "" : ", ") + std::string(find_policy_kind(axis, one)->type);
     first = false;
-    kind = plus == std::string_view::npos ? std::string_view{} : kind.substr(plus + 1);
-  }
+  });
   return type + ">";
 }
 

@@ -132,6 +132,9 @@ typename Trainer::accelerator_t::settings read_policy_settings(const recipe& r) 
   r.read_axis(axis::sharding::name, s.sharding);
   r.read_axis(axis::optimizer::name, s.optimizer);
   r.read_axis(axis::profiler::name, s.profiler);
+  // A recipe's profilers may be a subset of those compiled in (kiln::cli::find_combination).
+  if constexpr (requires { s.profiler.only; })
+    if (r.kinds[profiler_axis] != acc_t::profiler_t::kind) s.profiler.only = r.kinds[profiler_axis];
   s.scheduler = r.scheduler;
   s.clip_grad_norm = r.train.clip_grad_norm;
   return s;
@@ -149,7 +152,7 @@ std::pair<std::string, std::string> resolve_recipe(const recipe& r) {
   detail::write_axis(axes, axis::checkpointing::name, acc_t::checkpointing_t::kind, s.checkpointing);
   detail::write_axis(axes, axis::sharding::name, acc_t::sharding_t::kind, s.sharding);
   detail::write_axis(axes, axis::optimizer::name, acc_t::optimizer_t::kind, s.optimizer);
-  detail::write_axis(axes, axis::profiler::name, acc_t::profiler_t::kind, s.profiler);
+  detail::write_axis(axes, axis::profiler::name, r.kinds[profiler_axis], s.profiler);
   auto text = r.resolved([&](std::ostream& out) { out << axes.str(); });
 
   std::ostringstream fingerprint;
