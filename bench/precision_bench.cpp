@@ -8,10 +8,11 @@
 // memory LibTorch allocates during one training step above what the step started with
 // (activations kept for backward, gradients, temporaries: kiln::memory_meter), the bytes of
 // parameters + gradients + optimizer state (+ fp32 masters for bf16-pure), and the eval loss and
-// next-token accuracy after S x R steps of training. fp16 runs only on a CUDA device (LibTorch
-// 1.13's CPU autocast is bf16-only). The defaults are the recipe's small GPT on the CPU; a GPU
-// needs a larger one (--d-model, --layers, --seq, --batch) to be limited by its arithmetic rather
-// than by kernel launches. Output: one JSON object per precision, one per line.
+// next-token accuracy after S x R steps of training. fp16 runs on a CUDA device, and on the CPU
+// where LibTorch's CPU autocast has float16 (PyTorch 2.x; 1.13's is bf16-only). The defaults are
+// the recipe's small GPT on the CPU; a GPU needs a larger one (--d-model, --layers, --seq,
+// --batch) to be limited by its arithmetic rather than by kernel launches. Output: one JSON
+// object per precision, one per line.
 #include <kiln/kiln.hpp>
 
 #include <algorithm>
@@ -146,6 +147,6 @@ int main(int argc, char** argv) {
   print("fp32", measure<kiln::precision::fp32>(train, eval, o));
   print("bf16", measure<kiln::precision::bf16>(train, eval, o));
   print("bf16-pure", measure<kiln::precision::bf16_pure>(train, eval, o));
-  if (cuda) print("fp16", measure<kiln::precision::fp16>(train, eval, o));
+  if (cuda || kiln::detail::cpu_half_autocast_failure().empty()) print("fp16", measure<kiln::precision::fp16>(train, eval, o));
   return 0;
 }

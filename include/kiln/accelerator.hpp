@@ -81,10 +81,9 @@ class accelerator {
         profiler_(settings_.profiler),
         device_(resolve_device(settings_.device)),
         window_(accumulation_.micro_steps()) {
-    if constexpr (requires { precision_t::needs_cuda; })
-      if (!device_.is_cuda())
-        throw config_error("precision.kind = \"" + std::string(precision_t::kind) + "\" runs on CUDA, and the device is " +
-                           device_.str() + "; set [train] device = \"cuda\" (or \"auto\")");
+    // A precision policy that depends on the device (fp16: CUDA, or a CPU autocast with float16)
+    // learns it here, and refuses one it cannot run on before anything trains.
+    if constexpr (requires { precision_.use_device(device_); }) precision_.use_device(device_);
   }
 
   // Moves the model to the device, wraps checkpointed blocks, places (or shards) the

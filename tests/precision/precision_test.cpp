@@ -101,10 +101,44 @@ TEST_SUITE("precision") {
       CHECK((params[i].grad() - b->parameters()[i].grad()).abs().max().item<double>() <= 1e-7);
   }
 
-  TEST_CASE("fp16 on a machine without CUDA is refused with the reason") {
-    if (torch::cuda::is_available()) return;
-    auto start_fp16 = [] { kiln::precision::fp16 policy(kiln::precision::fp16::settings{}); };
-    CHECK_THROWS_WITH_AS(start_fp16(), doctest::Contains("needs CUDA"), kiln::config_error);
+  TEST_CASE("fp16 on the CPU trains where CPU autocast has float16, and is refused with LibTorch's reason where not") {
+    using fp16_accelerator = kiln::accelerator<kiln::precision::fp16, kiln::optim::adamw>;
+    const std::string why = kiln::detail::cpu_half_autocast_failure();
+    if (!why.empty()) {
+      // LibTorch 1.13 (Debian's, CI's): its CPU autocast takes only bfloat16
+      MESSAGE("CPU float16 autocast unavailable: " << why);
+      auto start = [] { fp16_accelerator acc({.device = "cpu"}); };
+      CHECK_THROWS_WITH_AS(start(), doctest::Contains("cannot train on the CPU"), kiln::config_error);
+      CHECK_THROWS_WITH_AS(start(), doctest::Contains(why.c_str()), kiln::config_error);
+      CHECK_THROWS_WITH_AS(start(), doctest::Contains("kind = \"bf16\""), kiln::config_error);
+      // the refusal leaves no autocast state behind
+      CHECK_FALSE(kiln::detail::autocast_enabled(c10::DeviceType::CPU));
+      return;
+    }
+    // PyTorch 2.x: matmuls run in float16, the loss in fp32, parameters and gradients stay fp32,
+    // and the loss falls with the scale at its initial 2^16 (nothing overflowed)
+    auto model = small_mlp();
+    fp16_accelerator acc({.optimizer = {.lr = 1e-2}, .device = "cpu"});
+    acc.prepare(model);
+    auto data = kiln::data::make_classification(64, 8, 3, 5);
+    auto loss_now = [&] {
+      auto cast = acc.autocast();
+      return torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
+    };
+    {
+      auto cast = acc.autocast();
+      CHECK((model->forward(data.inputs).scalar_type() == torch::kHalf));
+    }
+    const double first = loss_now().item<double>();
+    for (int i = 0; i < 20; ++i) {
+      auto loss = loss_now();
+      CHECK((loss.scalar_type() == torch::kFloat32));
+      acc.backward(loss);
+      CHECK(acc.step().stepped);
+    }
+    for (const auto& p : model->parameters()) CHECK((p.grad().scalar_type() == torch::kFloat32));
+    CHECK(acc.precision().scaler().scale() == 65536.0);
+    CHECK(loss_now().item<double>() < first);
   }
 
   TEST_CASE("under bf16 autocast matmul outputs are bf16, the loss fp32, parameters fp32") {

@@ -65,4 +65,28 @@ class autocast_scope {
   at::ScalarType previous_dtype_;
 };
 
+// Why CPU autocast cannot train in float16 with this LibTorch, or "" when it can. 1.13's CPU
+// autocast accepts only bfloat16 and it has no CPU float16 matmul; PyTorch 2.x has both. Found
+// by trying rather than by version, once per process: a linear layer's forward and backward
+// inside a float16 CPU autocast region.
+inline std::string try_cpu_half_autocast() {
+  try {
+    torch::AutoGradMode grad_mode(true);
+    auto weight = torch::ones({4, 4}, torch::requires_grad());
+    autocast_scope region(c10::DeviceType::CPU, at::kHalf);
+    auto out = torch::nn::functional::linear(torch::ones({2, 4}), weight);
+    if (out.scalar_type() != at::kHalf)
+      return std::string("a linear layer under float16 autocast gave ") + c10::toString(out.scalar_type());
+    out.sum().backward();
+    return {};
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    return why.substr(0, why.find('\n'));
+  }
+}
+inline const std::string& cpu_half_autocast_failure() {
+  static const std::string why = try_cpu_half_autocast();
+  return why;
+}
+
 }  // namespace kiln::detail
