@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -195,8 +196,10 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
     }
     if (args.command == "list") {
       std::printf("recipes compiled into this binary:\n");
+      std::set<std::string> listed;  // a recipe with alternatives has several combinations
       for (const auto& c : catalog)
-        for (const auto& file : c.recipes) std::printf("  %-40s %s\n", file.c_str(), detail::read_description(file).c_str());
+        for (const auto& file : c.recipes)
+          if (listed.insert(file).second) std::printf("  %-40s %s\n", file.c_str(), detail::read_description(file).c_str());
       std::printf("\npolicy combinations:\n");
       for (const auto& c : catalog)
         std::printf("  %s%s\n", combination_name(c.kinds).c_str(), c.recipes.empty() ? "   (for kiln profile, and recipes asking for fewer profilers)" : "");

@@ -76,6 +76,32 @@ TEST_CASE("kiln list shows the compiled recipes and combinations") {
   CHECK(!contains(r.output, "unreadable"));
 }
 
+TEST_CASE("a recipe's alternatives are compiled in: the mixed-precision recipe switches precision without a rebuild") {
+  for (const std::string kind : {"fp32", "bf16", "bf16-pure", "fp16"}) {
+    auto r = kiln_cli("check recipes/mixed-precision.toml --set precision.kind=" + kind);
+    CAPTURE(r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "precision=" + kind + " accumulation=steps checkpointing=none sharding=single optimizer=adamw "
+                             "profiler=none (compiled in)"));
+  }
+  auto list = kiln_cli("list");
+  CHECK(list.output.find("recipes/mixed-precision.toml") == list.output.rfind("recipes/mixed-precision.toml"));  // listed once
+
+  // fp16 trains on the CPU only where LibTorch's CPU autocast has float16 (2.x); here it says why not
+  temp_dir dir("fp16_cpu");
+  auto r = kiln_cli("run recipes/mixed-precision.toml --set precision.kind=fp16 --set train.device=cpu --set train.steps=4 "
+                    "--set train.eval_every=4 --set train.log_every=2 --no-progress --set run.dir=" + quoted(dir.path / "run"));
+  CAPTURE(r.output);
+  if (kiln::detail::cpu_half_autocast_failure().empty()) {
+    CHECK(r.status == 0);
+    CHECK(fs::exists(dir.path / "run" / "summary.json"));
+  } else {
+    CHECK(r.status != 0);
+    CHECK(contains(r.output, "precision.kind = \"fp16\" cannot train on the CPU with this LibTorch"));
+    CHECK(contains(r.output, kiln::detail::cpu_half_autocast_failure()));
+  }
+}
+
 TEST_CASE("kiln check prints the resolved recipe and its combination") {
   SUBCASE("as it is") {
     auto r = kiln_cli("check recipes/quickstart.toml");

@@ -205,6 +205,30 @@ TEST_CASE("a policy kind that does not exist lists the kinds of its axis") {
   CHECK(message.find("\"adamw\"") != std::string::npos);
 }
 
+TEST_CASE("an axis table's alternatives are kinds of its axis, checked with file:line, and no setting of the policy") {
+  temp_dir dir("alternatives");
+  auto good = dir.write("good.toml", head + "[precision]\nkind = \"bf16\"\nalternatives = [\"fp32\", \"fp16\"]\n"
+                                           "[profiler]\nalternatives = [\"phases\", [\"memory\", \"ops\"]]\n");
+  auto r = kiln::load_recipe(good);
+  CHECK(r.kinds[0] == "bf16");
+  CHECK(r.alternatives[0] == std::vector<std::string>{"fp32", "fp16"});
+  CHECK(r.alternatives[5] == std::vector<std::string>{"phases", "ops+memory"});
+  kiln::precision::bf16::settings bf16;
+  CHECK_NOTHROW(r.read_axis("precision", bf16));  // the policy does not see it as a key of its own
+
+  // lines 1-2: head, 3: [precision], 4: kind, 5-8: alternatives, its second element on line 7
+  auto typo = dir.write("typo.toml", head + "[precision]\nkind = \"bf16\"\nalternatives = [\n  \"fp32\",\n  \"fp61\",\n]\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(typo), doctest::Contains("typo.toml:7: precision.alternatives = \"fp61\": expected one of"),
+                       kiln::config_error);
+  auto not_a_list = dir.write("list.toml", head + "[precision]\nalternatives = \"fp16\"\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(not_a_list),
+                       doctest::Contains("list.toml:4: precision.alternatives: expected an array of kinds, got a string"),
+                       kiln::config_error);
+  auto twice = dir.write("twice.toml", head + "[optimizer]\nalternatives = [\"sgd\", \"sgd\"]\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(twice), doctest::Contains("optimizer.alternatives: \"sgd\" is listed twice"),
+                       kiln::config_error);
+}
+
 TEST_CASE("invalid TOML names the file and the line") {
   temp_dir dir("syntax");
   auto file = dir.write("file.toml", head + "[train]\nsteps = \n");

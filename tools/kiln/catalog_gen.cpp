@@ -6,8 +6,8 @@
 // The catalog of compiled combinations is therefore derived from the recipes, never kept by
 // hand, and the build instantiates only the combinations in use, not the cross product of
 // axes. OUT.cpp is rewritten only when its content changes, so editing a learning rate in a
-// recipe does not recompile the CLI. Each combination also gets a twin with every profiler,
-// for `kiln profile`.
+// recipe does not recompile the CLI. A recipe's `alternatives` add the combinations it can be
+// switched to, and each combination gets a twin with every profiler, for `kiln profile`.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -29,26 +29,35 @@ struct failure {
   std::string message;
 };
 
-kiln::combination_kinds read_kinds(const std::string& file) {
+// A recipe's combination, then the ones its axis tables' `alternatives` lead to (one axis
+// changed at a time), so that `--set AXIS.kind=...` runs them without a rebuild.
+std::vector<kiln::combination_kinds> read_combinations(const std::string& file) {
   toml::table doc;
   try {
     doc = toml::parse_file(file);
   } catch (const toml::parse_error& e) {
     throw failure{file + ":" + std::to_string(e.source().begin.line) + ": invalid TOML: " + std::string(e.description())};
   }
+  auto where = [&](const toml::node& n) { return file + ":" + std::to_string(n.source().begin.line); };
   kiln::combination_kinds kinds;
+  std::vector<std::pair<std::size_t, std::string>> alternatives;
   for (std::size_t i = 0; i < kiln::axis_names.size(); ++i) {
     const std::string axis(kiln::axis_names[i]);
     kinds[i] = std::string(kiln::default_kind(axis));
-    const toml::node* node = doc[axis]["kind"].node();
-    if (!node) continue;
     try {
-      kinds[i] = kiln::detail::read_policy_kind(*node, axis, file + ":" + std::to_string(node->source().begin.line));
+      if (const toml::node* node = doc[axis]["kind"].node()) kinds[i] = kiln::detail::read_policy_kind(*node, axis, where(*node));
+      if (const toml::node* node = doc[axis]["alternatives"].node())
+        for (auto& kind : kiln::detail::read_policy_alternatives(*node, axis, where)) alternatives.emplace_back(i, kind);
     } catch (const kiln::config_error& e) {
       throw failure{e.what()};
     }
   }
-  return kinds;
+  std::vector<kiln::combination_kinds> combinations{kinds};
+  for (const auto& [axis, kind] : alternatives) {
+    combinations.push_back(kinds);
+    combinations.back()[axis] = kind;
+  }
+  return combinations;
 }
 
 std::string quoted(const std::string& s) {
@@ -101,7 +110,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> recipes(argv + 2, argv + argc);
   std::map<kiln::combination_kinds, std::vector<std::string>> combos;
   try {
-    for (const auto& recipe : recipes) combos[read_kinds(recipe)].push_back(recipe);
+    for (const auto& recipe : recipes)
+      for (const auto& kinds : read_combinations(recipe)) {
+        auto& from = combos[kinds];
+        if (from.empty() || from.back() != recipe) from.push_back(recipe);
+      }
   } catch (const failure& f) {
     std::fprintf(stderr, "%s\n", f.message.c_str());
     return 1;

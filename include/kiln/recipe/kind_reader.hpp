@@ -5,8 +5,10 @@
 // order of kiln/recipe/kinds.hpp whatever the order in the recipe.
 #pragma once
 
+#include <algorithm>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <toml++/toml.h>
 
@@ -16,8 +18,9 @@
 
 namespace kiln::detail {
 
-inline std::string read_policy_kind(const toml::node& node, const std::string& axis, const std::string& where) {
-  const std::string key = axis + ".kind";
+inline std::string read_policy_kind(const toml::node& node, const std::string& axis, const std::string& where,
+                                    const std::string& field = "kind") {
+  const std::string key = axis + "." + field;
   if (axis == "profiler" && node.is_array()) {
     std::set<std::string> chosen;
     for (const auto& element : *node.as_array()) {
@@ -41,6 +44,24 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
   if (!find_policy_kind(axis, *value))
     throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + kinds_on_axis(axis));
   return *value;
+}
+
+// An axis table's `alternatives`: the other kinds a recipe can be switched to with
+// `--set AXIS.kind=...`, which the build compiles alongside the recipe's own combination (one
+// axis changed at a time). `where(element)` names an element's file:line.
+template <class Where>
+std::vector<std::string> read_policy_alternatives(const toml::node& node, const std::string& axis, Where&& where) {
+  const auto* list = node.as_array();
+  if (!list)
+    throw config_error(where(node) + ": " + axis + ".alternatives: expected an array of kinds, got " + toml_type_name(node));
+  std::vector<std::string> kinds;
+  for (const auto& element : *list) {
+    auto kind = read_policy_kind(element, axis, where(element), "alternatives");
+    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end())
+      throw config_error(where(element) + ": " + axis + ".alternatives: \"" + kind + "\" is listed twice");
+    kinds.push_back(std::move(kind));
+  }
+  return kinds;
 }
 
 }  // namespace kiln::detail

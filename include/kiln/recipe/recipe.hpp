@@ -182,6 +182,8 @@ struct recipe {
   run_settings run;
   diagnostics_settings diagnostics;
   combination_kinds kinds;  // one per axis, in axis_names order
+  // Per axis, the kinds `alternatives` lists: compiled in too, so --set AXIS.kind switches to them.
+  std::array<std::vector<std::string>, axis_names.size()> alternatives;
 
   toml::table document;  // the file with overrides applied; axis tables are read from it
   detail::source_map sources;
@@ -189,14 +191,14 @@ struct recipe {
   std::filesystem::path run_dir() const { return run.dir.empty() ? std::filesystem::path("runs") / info.name : std::filesystem::path(run.dir); }
   std::string combination() const { return combination_name(kinds); }
 
-  // Reads the axis table into a policy's settings (everything but `kind`), strictly.
+  // Reads the axis table into a policy's settings (everything but `kind` and `alternatives`), strictly.
   template <class Settings>
   void read_axis(std::string_view axis, Settings& settings) const {
     const std::string name(axis);
     const toml::table* table = document[name].as_table();
     detail::toml_reader reader(table, name, sources, table ? table->source() : toml::source_region{});
     settings.describe(reader);
-    reader.reject_unknown_keys({"kind"});
+    reader.reject_unknown_keys({"kind", "alternatives"});
   }
 
   // The resolved recipe: every table with every value, defaults included, as TOML.
@@ -311,9 +313,12 @@ inline recipe load_recipe(const std::filesystem::path& file, const std::vector<s
     r.kinds[i] = std::string(default_kind(axis));
     const toml::table* table = r.document[axis].as_table();
     if (!table) continue;
-    const toml::node* kind = table->get("kind");
-    if (!kind) continue;
-    r.kinds[i] = detail::read_policy_kind(*kind, axis, r.sources.where(axis + ".kind", kind->source()));
+    if (const toml::node* kind = table->get("kind"))
+      r.kinds[i] = detail::read_policy_kind(*kind, axis, r.sources.where(axis + ".kind", kind->source()));
+    if (const toml::node* alternatives = table->get("alternatives"))
+      r.alternatives[i] = detail::read_policy_alternatives(*alternatives, axis, [&](const toml::node& n) {
+        return r.sources.where(axis + ".alternatives", n.source());
+      });
   }
   return r;
 }

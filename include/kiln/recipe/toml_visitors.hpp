@@ -165,7 +165,7 @@ class toml_reader {
       candidates.insert(candidates.end(), also_known.begin(), also_known.end());
       std::string list;
       for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
-      if (known_.empty() && also_known.count("kind")) list = "no keys besides kind";
+      if (known_.empty() && also_known.count("kind")) list = "no keys besides kind and alternatives";
       throw config_error(sources_->where(name_ + "." + k, key.source()) + ": unknown key " + name_ + "." + k +
                          did_you_mean(k, candidates) + "; [" + name_ + "] accepts: " + list);
     }
