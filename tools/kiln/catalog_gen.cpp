@@ -38,25 +38,19 @@ std::vector<kiln::combination_kinds> read_combinations(const std::string& file) 
   } catch (const toml::parse_error& e) {
     throw failure{file + ":" + std::to_string(e.source().begin.line) + ": invalid TOML: " + std::string(e.description())};
   }
-  auto where = [&](const toml::node& n) { return file + ":" + std::to_string(n.source().begin.line); };
-  kiln::combination_kinds kinds;
-  std::vector<std::pair<std::size_t, std::string>> alternatives;
-  for (std::size_t i = 0; i < kiln::axis_names.size(); ++i) {
-    const std::string axis(kiln::axis_names[i]);
-    kinds[i] = std::string(kiln::default_kind(axis));
-    try {
-      if (const toml::node* node = doc[axis]["kind"].node()) kinds[i] = kiln::detail::read_policy_kind(*node, axis, where(*node));
-      if (const toml::node* node = doc[axis]["alternatives"].node())
-        for (auto& kind : kiln::detail::read_policy_alternatives(*node, axis, where)) alternatives.emplace_back(i, kind);
-    } catch (const kiln::config_error& e) {
-      throw failure{e.what()};
+  kiln::detail::axis_kinds axes;
+  try {
+    axes = kiln::detail::read_axis_kinds(
+        doc, [&](const std::string&, const toml::node& n) { return file + ":" + std::to_string(n.source().begin.line); });
+  } catch (const kiln::config_error& e) {
+    throw failure{e.what()};
+  }
+  std::vector<kiln::combination_kinds> combinations{axes.kinds};
+  for (std::size_t axis = 0; axis < axes.alternatives.size(); ++axis)
+    for (const auto& kind : axes.alternatives[axis]) {
+      combinations.push_back(axes.kinds);
+      combinations.back()[axis] = kind;
     }
-  }
-  std::vector<kiln::combination_kinds> combinations{kinds};
-  for (const auto& [axis, kind] : alternatives) {
-    combinations.push_back(kinds);
-    combinations.back()[axis] = kind;
-  }
   return combinations;
 }
 
@@ -120,11 +114,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   // `kiln profile RECIPE` runs a recipe with every profiler: compile that twin of each combination.
-  const auto profiler_axis = static_cast<std::size_t>(
-      std::find(kiln::axis_names.begin(), kiln::axis_names.end(), "profiler") - kiln::axis_names.begin());
   for (const auto& entry : std::map(combos)) {
     auto kinds = entry.first;
-    kinds[profiler_axis] = kiln::profile_all_kind;
+    kinds[kiln::profiler_axis] = kiln::profile_all_kind;
     combos.try_emplace(kinds);
   }
   const auto text = generate(combos, recipes);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,6 +63,30 @@ std::vector<std::string> read_policy_alternatives(const toml::node& node, const 
     kinds.push_back(std::move(kind));
   }
   return kinds;
+}
+
+// Every axis's `kind` (the default where a recipe leaves it out) and `alternatives`.
+struct axis_kinds {
+  combination_kinds kinds;
+  std::array<std::vector<std::string>, axis_names.size()> alternatives;
+};
+
+// Reads them from a recipe document; `where(dotted_key, node)` names a node's place ("file:line").
+template <class Where>
+axis_kinds read_axis_kinds(const toml::table& document, Where&& where) {
+  axis_kinds out;
+  for (std::size_t i = 0; i < axis_names.size(); ++i) {
+    const std::string axis(axis_names[i]);
+    out.kinds[i] = std::string(default_kind(axis));
+    const toml::table* table = document[axis].as_table();
+    if (!table) continue;
+    if (const toml::node* kind = table->get("kind"))
+      out.kinds[i] = read_policy_kind(*kind, axis, where(axis + ".kind", *kind));
+    if (const toml::node* alternatives = table->get("alternatives"))
+      out.alternatives[i] = read_policy_alternatives(
+          *alternatives, axis, [&](const toml::node& n) { return where(axis + ".alternatives", n); });
+  }
+  return out;
 }
 
 }  // namespace kiln::detail

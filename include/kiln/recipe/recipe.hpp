@@ -308,18 +308,10 @@ inline recipe load_recipe(const std::filesystem::path& file, const std::vector<s
   detail::read_table(r, "run", r.run);
   detail::read_table(r, "diagnostics", r.diagnostics);
 
-  for (std::size_t i = 0; i < axis_names.size(); ++i) {
-    const std::string axis(axis_names[i]);
-    r.kinds[i] = std::string(default_kind(axis));
-    const toml::table* table = r.document[axis].as_table();
-    if (!table) continue;
-    if (const toml::node* kind = table->get("kind"))
-      r.kinds[i] = detail::read_policy_kind(*kind, axis, r.sources.where(axis + ".kind", kind->source()));
-    if (const toml::node* alternatives = table->get("alternatives"))
-      r.alternatives[i] = detail::read_policy_alternatives(*alternatives, axis, [&](const toml::node& n) {
-        return r.sources.where(axis + ".alternatives", n.source());
-      });
-  }
+  auto axes = detail::read_axis_kinds(
+      r.document, [&](const std::string& key, const toml::node& n) { return r.sources.where(key, n.source()); });
+  r.kinds = std::move(axes.kinds);
+  r.alternatives = std::move(axes.alternatives);
   return r;
 }
 
