@@ -79,6 +79,9 @@ KILN_PARAMETERS = 875264  # `kiln launch -n 2 recipes/ddp.toml` prints it
 def rank_main(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(args.threads)
+    # The store is only the rendezvous. Debian 13's torch (2.6) defaults it to a libuv server its
+    # build lacks; the classic one works everywhere (kiln falls back to it by itself).
+    os.environ.setdefault("USE_LIBUV", "0")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = GPT()

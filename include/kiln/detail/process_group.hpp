@@ -230,12 +230,11 @@ class process_group {
                          backend kind = backend::gloo)
       : rank_(env.rank), world_(env.world), timeout_(timeout), backend_(kind) {
     try {
-      auto store = c10::make_intrusive<c10d::TCPStore>(
-          env.master_addr, c10d::TCPStoreOptions{.port = static_cast<std::uint16_t>(env.master_port),
-                                                 .isServer = env.rank == 0,
-                                                 .numWorkers = static_cast<std::size_t>(env.world),
-                                                 .waitWorkers = true,
-                                                 .timeout = timeout});
+      auto store = make_store(env.master_addr, c10d::TCPStoreOptions{.port = static_cast<std::uint16_t>(env.master_port),
+                                                                     .isServer = env.rank == 0,
+                                                                     .numWorkers = static_cast<std::size_t>(env.world),
+                                                                     .waitWorkers = true,
+                                                                     .timeout = timeout});
       if (kind == backend::nccl) {
 #ifdef KILN_DETAIL_NCCL
         use_device(torch::Device(torch::kCUDA,
@@ -340,6 +339,27 @@ class process_group {
   }
 
  private:
+  // LibTorch 2.4+ asks TCPStore for its libuv server by default and refuses the request, on
+  // every rank and before connecting, where the build has no libuv (Debian 13's 2.6). Like
+  // torch.distributed, follow USE_LIBUV (default 1); unlike it, fall back to the classic server
+  // when this LibTorch has no libuv rather than fail the job. 1.13 has only the classic server.
+  template <class Options>
+  static c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& host, Options options) {
+    if constexpr (requires { options.useLibUV; }) {
+      const char* use_libuv = std::getenv("USE_LIBUV");
+      options.useLibUV = use_libuv == nullptr || std::string_view(use_libuv) != "0";
+      if (options.useLibUV) {
+        try {
+          return c10::make_intrusive<c10d::TCPStore>(host, options);
+        } catch (const std::exception& e) {
+          if (std::string_view(e.what()).find("without libuv") == std::string_view::npos) throw;
+          options.useLibUV = false;
+        }
+      }
+    }
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  }
+
 #ifdef KILN_DETAIL_GLOO
   // Gloo binds the device's address and publishes it to the peers through the store.
   // GLOO_SOCKET_IFNAME picks the interface, as in torch.distributed. A loopback master means

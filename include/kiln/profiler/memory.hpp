@@ -31,6 +31,7 @@ inline std::string format_bytes(double bytes) {
 class memory_collector {
  public:
   static constexpr std::string_view kind = "memory";
+  static constexpr bool holds_profiler_slot = true;  // its meter reports through LibTorch's profiler slot
   static constexpr std::size_t count = step_phases.size();
 
   struct step_memory {

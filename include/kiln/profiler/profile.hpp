@@ -15,6 +15,8 @@
 //   void begin(kiln::phase), end(kiln::phase), on_step_end(std::int64_t step)
 //   void attach(const profile_context&)     optional
 //   void report(profile_report&)            print and write its part
+//   static constexpr bool holds_profiler_slot = true;   optional: it takes LibTorch's one profiler
+//                                           slot while on (the memory meter), so it switches on first
 #pragma once
 
 #include <array>
@@ -26,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -237,11 +240,24 @@ class profile {
     if (position < settings_.wait + settings_.warmup) return profile_mode::warmup;
     return profile_mode::active;
   }
+  // Collectors that hold LibTorch's one profiler slot switch first: when warmup is 0 the memory
+  // meter and the trace turn on in the same step, and the trace must then find the slot taken
+  // (and leave Kineto out) rather than take it and leave the meter refusing to start.
   void apply(profile_mode mode) {
     if (mode == mode_) return;
     mode_ = mode;
-    for_each([mode](auto& c) { c.set_mode(mode); });
+    for_each([mode](auto& c) {
+      if constexpr (holds_profiler_slot<std::remove_cvref_t<decltype(c)>>) c.set_mode(mode);
+    });
+    for_each([mode](auto& c) {
+      if constexpr (!holds_profiler_slot<std::remove_cvref_t<decltype(c)>>) c.set_mode(mode);
+    });
   }
+  template <class C>
+  static constexpr bool holds_profiler_slot = [] {
+    if constexpr (requires { C::holds_profiler_slot; }) return C::holds_profiler_slot;
+    else return false;
+  }();
   bool selected(std::string_view collector) const {
     bool chosen = settings_.only.empty();
     for_each_collector_kind(settings_.only, [&](std::string_view wanted) { chosen = chosen || wanted == collector; });

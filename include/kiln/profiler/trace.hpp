@@ -90,6 +90,9 @@ class trace_collector : public detail::op_sink {
   }
 
   const std::vector<event>& events() const { return events_; }
+  // Whether Kineto records now (in an active cycle, where this LibTorch has it and the memory
+  // meter does not hold the profiler slot).
+  bool kineto_recording() const { return kineto_.has_value(); }
 
   // The trace as Chrome's JSON object format: complete ("X") events, microseconds.
   std::string json() const {
