@@ -6,6 +6,7 @@
 // and from TOML recipes that pick the policies (kiln/recipe/recipe.hpp).
 #pragma once
 
+#include "kiln/detail/torch.hpp"  // first: see there
 #include "kiln/version.hpp"
 
 #include "kiln/concepts.hpp"

@@ -25,8 +25,7 @@
 #include <optional>
 #include <vector>
 
-#include <torch/torch.h>
-
+#include "kiln/detail/torch.hpp"  // first: see there
 #include "kiln/detail/compat.hpp"
 
 namespace kiln {
