@@ -34,6 +34,12 @@ function(kiln_use_precompiled_torch target)
     target_precompile_headers(kiln_pch PRIVATE <kiln/detail/torch.hpp> <toml++/toml.h>)
   endif()
   target_precompile_headers(${target} REUSE_FROM kiln_pch)
+  # GCC does not carry kiln/detail/torch.hpp's diagnostic pragma through a precompiled header, so
+  # the targets that share it silence GCC 13+'s false -Wstringop-overflow in LibTorch's
+  # custom_function.h by flag instead (that header says more).
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 13)
+    target_compile_options(${target} PRIVATE -Wno-stringop-overflow)
+  endif()
 endfunction()
 
 function(kiln_add_recipe_executable target)

@@ -4,6 +4,8 @@
 // std::vector<bool>::reserve in Function<T>::apply, which kiln's activation checkpointing
 // instantiates), a false positive seen with Debian 13's LibTorch 2.6. GCC takes the setting
 // from where the template is defined, so the pragma wraps the include rather than kiln's call.
+// A precompiled header does not keep the pragma: kiln_use_precompiled_torch() (cmake/kiln.cmake)
+// passes -Wno-stringop-overflow to the targets that share kiln's.
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__)
