@@ -1,6 +1,7 @@
 """The mixed-precision recipe's GPT in Python PyTorch, fp32 and bf16 autocast (and fp16 autocast
-with GradScaler where the CPU autocast has float16, PyTorch 2.x), for kiln's precision benchmark. Same model shape, data shape, AdamW, threads; prints one JSON object per
-precision with the median ms/step.
+with GradScaler where the CPU autocast has float16, PyTorch 2.x), for kiln's precision
+benchmark. Same model shape, data shape, AdamW, threads; prints one JSON object per precision
+with the median ms/step.
 
     /usr/bin/python3 bench/precision_bench.py --threads 2 --steps 50 --rounds 5
 """
