@@ -13,7 +13,6 @@
 #pragma once
 
 #include <cstdio>
-#include <cstring>
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -21,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include <malloc.h>
 #include <unistd.h>
 
 #include "kiln/doctor.hpp"
@@ -185,26 +183,11 @@ inline void ensure_passive_openmp_wait(char** argv) {
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
 }
 
-// LibTorch's CPU allocator is glibc's malloc. By default glibc serves each block of 128 KiB or
-// more (activations, gradients) with its own mmap and unmaps it when freed, and trims the heap
-// top, so every step faults the same pages in again (and zero-fills them): the mixed-precision
-// recipe's fp32 step ran about 1.5x (Debian 12) to 2x (Debian 13) slower that way (README.md,
-// "Mixed precision"). Serving blocks below 256 MiB from the heap and keeping up to 512 MiB free
-// at its top lets the next step reuse them; the process's resident size stays near its peak
-// instead. A user's own GLIBC_TUNABLES for malloc is left alone.
-inline void keep_freed_step_memory() {
-  if (const char* tunables = std::getenv("GLIBC_TUNABLES"); tunables && std::strstr(tunables, "glibc.malloc.")) return;
-#ifdef __GLIBC__
-  ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
-#endif
-}
-
 }  // namespace detail
 
 inline int main(int argc, char** argv, const std::vector<compiled_combination>& catalog) {
   detail::ensure_passive_openmp_wait(argv);
-  detail::keep_freed_step_memory();
+  keep_freed_step_memory();
   try {
     auto args = detail::parse(argc, argv);
     if (args.command.empty() || args.command == "help" || args.command == "--help" || args.command == "-h") {
