@@ -1,10 +1,11 @@
 // kiln_bench_precision: the mixed-precision recipe's GPT under each precision policy.
 //
-//   kiln_bench_precision --threads N --steps S --rounds R   (bench/run_precision drives it)
+//   kiln_bench_precision --threads N --steps S --rounds R [--warmup W]   (bench/run_precision drives it)
 //   kiln_bench_precision --device cuda --d-model 1024 --layers 8 --seq 256 --batch 32
 //                                                          (a GPU: tools/device-check runs this)
 //
-// Per precision: median step time over rounds (fresh model each round, same data), the peak
+// Per precision: median step time over rounds (after W warm-up steps on a model of their own;
+// the rounds then continue one model, each with a fresh trainer and optimizer), the peak
 // memory LibTorch allocates during one training step above what the step started with
 // (activations kept for backward, gradients, temporaries: kiln::memory_meter), the bytes of
 // parameters + gradients + optimizer state (+ fp32 masters for bf16-pure), and the eval loss and
@@ -26,7 +27,7 @@ namespace {
 
 struct options {
   std::string device = "cpu";
-  std::int64_t threads = 2, steps = 50, rounds = 5;
+  std::int64_t threads = 2, steps = 50, rounds = 5, warmup = 5;
   std::int64_t d_model = 128, layers = 4, heads = 4, seq = 64, batch = 32, vocab = 64;
 };
 
@@ -82,26 +83,35 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
       for (const auto& m : acc.parameters()) out.held_bytes += bytes(m) + bytes(m.grad());
     out.held_bytes += acc.optimizer().state_bytes();
   }
-  // Time and quality: `rounds` fits of `steps` steps, continuing the same model.
-  torch::manual_seed(0);
-  kiln::models::gpt model(model_settings(o));
-  kiln::data::batch_loader loader(train, {.batch_size = o.batch});
-  std::vector<double> times;
   typename trainer_t::settings s;
   s.accelerator.optimizer.lr = 1e-3;
   s.accelerator.device = o.device;
   s.options.progress = false;
   s.options.log_every = 1 << 30;
-  kiln::fit_summary summary;
+  // Warm-up: a few steps on a model of its own, as the Python side does, so that the first
+  // timed round does not pay for the process's first kernels and allocations.
+  if (o.warmup > 0) {
+    torch::manual_seed(0);
+    kiln::models::gpt model(model_settings(o));
+    kiln::data::batch_loader loader(train, {.batch_size = o.batch});
+    s.options.steps = o.warmup;
+    trainer_t(s).fit(model, loader);
+  }
+  // Time and quality: `rounds` fits of `steps` steps, continuing the same model.
+  torch::manual_seed(0);
+  kiln::models::gpt model(model_settings(o));
+  kiln::data::batch_loader loader(train, {.batch_size = o.batch});
+  std::vector<double> times;
+  s.options.steps = o.steps;
   for (std::int64_t r = 0; r < o.rounds; ++r) {
-    s.options.steps = o.steps;
     trainer_t t(s);
-    summary = t.fit(model, loader, r + 1 == o.rounds ? &eval : nullptr);
-    times.push_back(summary.seconds / static_cast<double>(o.steps));
+    times.push_back(t.fit(model, loader).seconds / static_cast<double>(o.steps));
+    if (r + 1 == o.rounds) {  // outside the timed fit
+      const auto quality = t.evaluate(model, eval);
+      out.eval_loss = quality.loss, out.eval_accuracy = quality.accuracy;
+    }
   }
   out.step_ms = 1e3 * median(times);
-  out.eval_loss = summary.final_eval.loss;
-  out.eval_accuracy = summary.final_eval.accuracy;
   return out;
 }
 
@@ -122,6 +132,7 @@ int main(int argc, char** argv) {
     else if (flag == "--threads") o.threads = std::stoll(value);
     else if (flag == "--steps") o.steps = std::stoll(value);
     else if (flag == "--rounds") o.rounds = std::stoll(value);
+    else if (flag == "--warmup") o.warmup = std::stoll(value);
     else if (flag == "--d-model") o.d_model = std::stoll(value);
     else if (flag == "--layers") o.layers = std::stoll(value);
     else if (flag == "--heads") o.heads = std::stoll(value);
