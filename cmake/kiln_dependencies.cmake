@@ -68,6 +68,30 @@ if(KILN_WITH_NCCL AND TARGET torch_cuda)
     endif()
   endif()
 endif()
+# at::parallel_for, which kiln's fused CPU loops (optimizers, dropout) split their work with, is an
+# inline template: in a LibTorch built with OpenMP (Debian's is) it runs on LibTorch's threads
+# only where the *including* file is compiled with OpenMP, and on one thread otherwise. So kiln's
+# users compile with it, and link the OpenMP runtime LibTorch itself uses: a PyTorch wheel ships
+# its own libgomp next to libtorch, and two copies in one process would keep two thread pools.
+find_file(KILN_ATEN_CONFIG ATen/Config.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+if(KILN_ATEN_CONFIG)
+  file(STRINGS "${KILN_ATEN_CONFIG}" _kiln_aten_openmp REGEX "#define AT_PARALLEL_OPENMP 1")
+endif()
+if(_kiln_aten_openmp)
+  file(GLOB _kiln_bundled_gomp "${TORCH_INSTALL_PREFIX}/lib/libgomp*.so*")
+  if(_kiln_bundled_gomp AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    list(GET _kiln_bundled_gomp 0 _kiln_bundled_gomp)
+    target_compile_options(kiln_dependencies INTERFACE -fopenmp)
+    target_link_libraries(kiln_dependencies INTERFACE "${_kiln_bundled_gomp}")
+  else()
+    find_package(OpenMP COMPONENTS CXX)
+    if(OpenMP_CXX_FOUND)
+      target_link_libraries(kiln_dependencies INTERFACE OpenMP::OpenMP_CXX)
+    else()
+      message(WARNING "kiln: LibTorch uses OpenMP but this compiler has none: kiln's fused loops run on one thread")
+    endif()
+  endif()
+endif()
 # kiln's fused optimizers (kiln/optim/detail/fused_loop.hpp) inline update rules over 8-float
 # vectors into a copy of their loop compiled for AVX2; GCC notes, once per file, that passing such
 # vectors to a function compiled without AVX changed ABI in GCC 4.6. No vector crosses a call.

@@ -387,7 +387,7 @@ TEST_SUITE("optim") {
     auto finite = expected.isfinite();
     CHECK(torch::equal(p.view(torch::kInt16).masked_select(finite), expected.view(torch::kInt16).masked_select(finite)));
     CHECK(p.data_ptr<c10::BFloat16>()[5].x == c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x);
-#ifdef KILN_OPTIM_GCC_X86
+#ifdef KILN_GCC_X86
     if (!d::cpu_has_avx2()) {
       MESSAGE("this CPU has no AVX2: only the baseline loop runs here");
       return;

@@ -12,18 +12,11 @@
 // rounded to nearest-even on store, as c10::BFloat16 does), and each state buffer as fp32. The
 // vector body runs on whole vectors and the same rule on plain floats for the tail.
 //
-// Why not at::vec::Vectorized: its fast paths exist only where the including file is compiled
-// with CPU_CAPABILITY_AVX2 (ATen compiles its kernels once per capability and picks one at run
-// time). In a user's translation unit with Debian's default flags it falls back to loops over
-// one element at a time, and `kiln bench optimizers` measured kiln's AdamW at a fifth of memory
-// speed that way. GCC's vector extensions give the same one-rule-for-all-widths shape, and their
-// code is generated for whatever instruction set the *calling* function is compiled for. So the
-// loop is compiled twice: once for the x86-64 baseline (SSE2, 4 floats) and once inside a
-// `target("avx2")` region (8 floats), chosen once per process from the CPU; rules, written
-// outside that region, are inlined into both. Elsewhere (other CPUs, Clang) the baseline alone.
-// Not FMA: a fused multiply-add rounds once where LibTorch's kernels round twice, and the loops
-// are memory-bound anyway; without it both copies give bit-identical results (tested), so a
-// run does not depend on which CPU it lands on.
+// The vector types, loads and stores, and the choice between a baseline and an AVX2 copy of each
+// loop are kiln/detail/simd.hpp's (see there for why not at::vec::Vectorized). Not FMA: a fused
+// multiply-add rounds once where LibTorch's kernels round twice, and the loops are memory-bound
+// anyway; without it both copies give bit-identical results (tested), so a run does not depend
+// on which CPU it lands on.
 #pragma once
 
 #include <algorithm>
@@ -38,35 +31,18 @@
 #include <c10/util/BFloat16.h>
 #include <torch/torch.h>
 
-// GCC on x86-64: the baseline is SSE2, and an AVX2 copy is chosen at run time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KILN_OPTIM_GCC_X86 1
-#endif
+#include "kiln/detail/simd.hpp"
 
 namespace kiln::optim::detail {
 
-// GCC vector types of 4 and 8 lanes (a vector_size attribute on an alias template would be
-// dropped, hence the spelled-out pairs).
-template <int Width>
-struct lanes;
-template <>
-struct lanes<4> {
-  typedef float f32 __attribute__((vector_size(16)));
-  typedef std::uint32_t u32 __attribute__((vector_size(16)));
-  typedef std::uint16_t u16 __attribute__((vector_size(8)));
-};
-template <>
-struct lanes<8> {
-  typedef float f32 __attribute__((vector_size(32)));
-  typedef std::uint32_t u32 __attribute__((vector_size(32)));
-  typedef std::uint16_t u16 __attribute__((vector_size(16)));
-};
-template <int Width>
-using float_vec = typename lanes<Width>::f32;
-template <int Width>
-using u32_vec = typename lanes<Width>::u32;
-template <int Width>
-using u16_vec = typename lanes<Width>::u16;
+using kiln::detail::float_vec;
+using kiln::detail::load;
+using kiln::detail::store;
+using kiln::detail::u16_vec;
+using kiln::detail::u32_vec;
+#ifdef KILN_GCC_X86
+using kiln::detail::cpu_has_avx2;
+#endif
 
 // Elements per thread chunk: big enough that a chunk is tens of microseconds of memory traffic.
 inline constexpr std::int64_t fused_grain = 1 << 15;
@@ -80,7 +56,7 @@ template <class V>
   if constexpr (!is_float_vec<V>) {
     return std::sqrt(x);
   } else {
-#ifdef KILN_OPTIM_GCC_X86
+#ifdef KILN_GCC_X86
     // sqrtps (SSE, in every x86-64) on 4-float halves; unlike std::sqrt it keeps no errno, which
     // is what stops a per-lane std::sqrt from vectorising. Halves are split and joined by
     // shuffles, not through memory: a 32-byte load of two 16-byte stores stalls.
@@ -109,37 +85,6 @@ template <class V>
   else return __builtin_convertvector((x < 0.f) - (x > 0.f), V);  // comparisons give -1 for true
 }
 
-// Loads and stores of one vector of fp32 from parameter storage (float or bf16).
-template <class V, class T>
-[[gnu::always_inline]] inline V load(const T* src) {
-  constexpr int width = sizeof(V) / sizeof(float);
-  V out;
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(&out, src, sizeof(V));
-  } else {
-    u16_vec<width> half;
-    std::memcpy(&half, src, sizeof(half));
-    const u32_vec<width> bits = __builtin_convertvector(half, u32_vec<width>) << 16;
-    std::memcpy(&out, &bits, sizeof(V));
-  }
-  return out;
-}
-template <class V, class T>
-[[gnu::always_inline]] inline void store(T* dst, const V& x) {
-  constexpr int width = sizeof(V) / sizeof(float);
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, &x, sizeof(V));
-  } else {
-    // c10::BFloat16's round to nearest even, NaN to 0x7FC0.
-    u32_vec<width> bits;
-    std::memcpy(&bits, &x, sizeof(V));
-    bits = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
-    bits = x != x ? u32_vec<width>{} + 0x7FC0u : bits;
-    const u16_vec<width> half = __builtin_convertvector(bits, u16_vec<width>);
-    std::memcpy(dst, &half, sizeof(half));
-  }
-}
-
 // rule(p, g, state...) over elements [begin, end), `Width` floats at a time.
 template <int Width, class T, class Rule, class... State>
 [[gnu::always_inline]] inline void fused_range(std::int64_t begin, std::int64_t end, const Rule& rule, T* param,
@@ -166,7 +111,7 @@ template <int Width, class T, class Rule, class... State>
   }
 }
 
-#ifdef KILN_OPTIM_GCC_X86
+#ifdef KILN_GCC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2")
 template <class T, class Rule, class... State>
@@ -175,18 +120,13 @@ void fused_range_avx2(std::int64_t begin, std::int64_t end, const Rule& rule, T*
   fused_range<8>(begin, end, rule, param, grad, state...);
 }
 #pragma GCC pop_options
-
-inline bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
 #endif
 
 // One thread's pass over [begin, end), with the widest vectors this CPU has.
 template <class T, class Rule, class... State>
 void fused_serial(std::int64_t begin, std::int64_t end, const Rule& rule, T* param, const T* grad, State*... state) {
   static_assert((std::is_same_v<State, float> && ...), "optimizer state buffers are fp32");
-#ifdef KILN_OPTIM_GCC_X86
+#ifdef KILN_GCC_X86
   if (cpu_has_avx2()) return fused_range_avx2(begin, end, rule, param, grad, state...);
 #endif
   fused_range<4>(begin, end, rule, param, grad, state...);
