@@ -55,6 +55,7 @@
 #include "kiln/data/views.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/models/cnn.hpp"
+#include "kiln/models/dropout.hpp"
 #include "kiln/models/gpt.hpp"
 #include "kiln/models/mlp.hpp"
 #include "kiln/recipe/recipe.hpp"

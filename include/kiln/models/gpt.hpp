@@ -14,6 +14,7 @@
 
 #include "kiln/checkpointing/checkpoint.hpp"
 #include "kiln/errors.hpp"
+#include "kiln/models/dropout.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::models {
@@ -69,8 +70,8 @@ class causal_self_attention_impl : public torch::nn::Module, public kiln::checkp
       : n_head_(s.n_head), d_model_(s.d_model), seq_len_(s.seq_len) {
     qkv = register_module("qkv", torch::nn::Linear(s.d_model, 3 * s.d_model));
     proj = register_module("proj", torch::nn::Linear(s.d_model, s.d_model));
-    attn_drop = register_module("attn_drop", torch::nn::Dropout(s.dropout));
-    resid_drop = register_module("resid_drop", torch::nn::Dropout(s.dropout));
+    attn_drop = register_module("attn_drop", kiln::models::dropout(s.dropout));
+    resid_drop = register_module("resid_drop", kiln::models::dropout(s.dropout));
     set_body([this](const torch::Tensor& x) { return attend(x); });
   }
 
@@ -91,7 +92,7 @@ class causal_self_attention_impl : public torch::nn::Module, public kiln::checkp
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
-  torch::nn::Dropout attn_drop{nullptr}, resid_drop{nullptr};
+  kiln::models::dropout attn_drop{nullptr}, resid_drop{nullptr};
 
  private:
   // Built once per device rather than registered as a buffer: a buffer would land in saved
@@ -114,14 +115,14 @@ class gpt_mlp_impl : public torch::nn::Module, public kiln::checkpointable {
   explicit gpt_mlp_impl(const gpt_settings& s) {
     fc = register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model));
     proj = register_module("proj", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model));
-    drop = register_module("drop", torch::nn::Dropout(s.dropout));
+    drop = register_module("drop", kiln::models::dropout(s.dropout));
     set_body([this](const torch::Tensor& x) { return drop->forward(proj->forward(torch::gelu(fc->forward(x)))); });
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  kiln::models::dropout drop{nullptr};
 };
 TORCH_MODULE_IMPL(gpt_mlp, gpt_mlp_impl);
 
@@ -154,7 +155,7 @@ class gpt_impl : public torch::nn::Module {
     const auto& s = settings_;
     tok_emb = register_module("tok_emb", torch::nn::Embedding(s.vocab_size, s.d_model));
     pos_emb = register_module("pos_emb", torch::nn::Embedding(s.seq_len, s.d_model));
-    drop = register_module("drop", torch::nn::Dropout(s.dropout));
+    drop = register_module("drop", kiln::models::dropout(s.dropout));
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < s.n_layer; ++i) blocks->push_back(gpt_block(s));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})));
@@ -182,7 +183,7 @@ class gpt_impl : public torch::nn::Module {
   const gpt_settings& settings() const { return settings_; }
 
   torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  kiln::models::dropout drop{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear head{nullptr};

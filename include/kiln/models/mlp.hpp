@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/errors.hpp"
+#include "kiln/models/dropout.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::models {
@@ -61,7 +62,7 @@ class mlp_impl : public torch::nn::Module {
     for (std::int64_t next : settings_.hidden) {
       layers->push_back(torch::nn::Linear(width, next));
       layers->push_back(torch::nn::ReLU());
-      if (settings_.dropout > 0.0) layers->push_back(torch::nn::Dropout(settings_.dropout));
+      if (settings_.dropout > 0.0) layers->push_back(kiln::models::dropout(settings_.dropout));
       width = next;
     }
     layers->push_back(torch::nn::Linear(width, settings_.classes));

@@ -1,0 +1,264 @@
+// kiln/models/detail/dropout_kernel.hpp: dropout's CPU kernels, one pass each way, with the
+// random bits from Philox4x32-10 instead of LibTorch's Bernoulli sampler.
+//
+// Why: LibTorch's CPU dropout draws its mask with bernoulli_, which in a build without MKL
+// (Debian's) samples one element at a time from the generator's mt19937 on one thread (about
+// 5.6 ns an element here), then divides the mask and multiplies: three passes and a 4-byte mask.
+// On kiln's gpt that was about a sixth of a training step. Here the mask comes from a counter-
+// based generator, so any element's bits are a pure function of (seed, index): the loop runs
+// vectorised and on every thread, and the result does not depend on how it was split. The
+// forward writes the output and a 1-byte keep mask in one pass; the backward is one pass too.
+//
+// The generator: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+// SC'11), the one behind PyTorch's and cuRAND's GPU dropout; it passes TestU01's BigCrush.
+// Each call takes a fresh 64-bit key from LibTorch's CPU generator, so torch::manual_seed
+// reproduces masks, saved RNG states resume them, and activation checkpointing (which restores
+// that generator before recomputing) redraws the same masks.
+//
+// Layout: elements come in groups of 32. Group g is Philox blocks 8g .. 8g+7 (counter = block
+// number, key = the call's seed); word w of block 8g + j is the random word of element
+// 32g + 8w + j, so 8 blocks computed side by side in vector lanes give 4 contiguous runs of
+// 8 elements. An element is kept when its word is below keep_threshold = floor((1 - p) 2^32).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/torch.h>
+
+#include "kiln/detail/simd.hpp"
+
+namespace kiln::detail {
+
+inline constexpr std::uint32_t philox_m0 = 0xD2511F53u, philox_m1 = 0xCD9E8D57u;
+inline constexpr std::uint32_t philox_w0 = 0x9E3779B9u, philox_w1 = 0xBB67AE85u;
+
+// hi:lo = a * m for each 32-bit lane. x86: pmuludq multiplies the even lanes into 64 bits; a
+// second one takes the odd lanes shifted down, and blends put the halves back in lane order.
+// (Written as a 64-bit vector multiply, GCC turns the constant into shift-and-add chains that
+// cost several times more.)
+template <class U>
+[[gnu::always_inline]] inline void mulhilo(const U& a, std::uint32_t m, U& hi, U& lo) {
+  using u64 = u64_vec<sizeof(U) / 4>;
+  const u64 p = __builtin_convertvector(a, u64) * std::uint64_t{m};
+  hi = __builtin_convertvector(p >> 32, U);
+  lo = __builtin_convertvector(p, U);
+}
+#ifdef KILN_GCC_X86
+typedef int philox_i32x4 __attribute__((vector_size(16)));
+typedef std::uint64_t philox_u64x2 __attribute__((vector_size(16)));
+[[gnu::always_inline]] inline void mulhilo(const u32_vec<4>& a, std::uint32_t m, u32_vec<4>& hi, u32_vec<4>& lo) {
+  const philox_i32x4 mv = philox_i32x4{} + static_cast<int>(m);
+  const auto even = (u32_vec<4>)__builtin_ia32_pmuludq128((philox_i32x4)a, mv);
+  const auto odd = (u32_vec<4>)__builtin_ia32_pmuludq128((philox_i32x4)((philox_u64x2)a >> 32), mv);
+  hi = __builtin_shufflevector(even, odd, 1, 5, 3, 7);
+  lo = __builtin_shufflevector(even, odd, 0, 4, 2, 6);
+}
+// 8 lanes as two halves of 4 (SSE2 builtins: a template is compiled for the baseline before
+// it is inlined into the AVX2 copy, so it cannot call AVX2 builtins itself).
+[[gnu::always_inline]] inline void mulhilo(const u32_vec<8>& a, std::uint32_t m, u32_vec<8>& hi, u32_vec<8>& lo) {
+  u32_vec<4> hi_low, lo_low, hi_high, lo_high;
+  mulhilo(u32_vec<4>(__builtin_shufflevector(a, a, 0, 1, 2, 3)), m, hi_low, lo_low);
+  mulhilo(u32_vec<4>(__builtin_shufflevector(a, a, 4, 5, 6, 7)), m, hi_high, lo_high);
+  hi = __builtin_shufflevector(hi_low, hi_high, 0, 1, 2, 3, 4, 5, 6, 7);
+  lo = __builtin_shufflevector(lo_low, lo_high, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+#endif
+
+// Philox4x32-10 on `Width` counters at once (lane j of c0..c3 is one counter), in place.
+template <int Width>
+[[gnu::always_inline]] inline void philox_rounds(u32_vec<Width>& c0, u32_vec<Width>& c1, u32_vec<Width>& c2,
+                                                 u32_vec<Width>& c3, std::uint32_t k0, std::uint32_t k1) {
+  using u32 = u32_vec<Width>;
+  for (int round = 0; round < 10; ++round) {
+    u32 hi0, lo0, hi1, lo1;
+    mulhilo(c0, philox_m0, hi0, lo0);
+    mulhilo(c2, philox_m1, hi1, lo1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += philox_w0;
+    k1 += philox_w1;
+  }
+}
+
+// The 32 random words of group `group` under `seed`, in element order (see the layout above).
+template <int Width>
+[[gnu::always_inline]] inline void philox_group(std::uint64_t seed, std::uint64_t group, std::uint32_t* words) {
+  u32_vec<Width> lane;
+  for (int j = 0; j < Width; ++j) lane[j] = static_cast<std::uint32_t>(j);
+  for (int half = 0; half < 8 / Width; ++half) {
+    // 8 * group is a multiple of 8, so adding a lane number (< 8) never carries into c1.
+    const std::uint64_t first = 8 * group + static_cast<std::uint64_t>(half * Width);
+    u32_vec<Width> c0 = lane + static_cast<std::uint32_t>(first);
+    u32_vec<Width> c1 = u32_vec<Width>{} + static_cast<std::uint32_t>(first >> 32);
+    u32_vec<Width> c2{}, c3{};
+    philox_rounds<Width>(c0, c1, c2, c3, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+    const std::array<const u32_vec<Width>*, 4> word{&c0, &c1, &c2, &c3};
+    for (int w = 0; w < 4; ++w) std::memcpy(words + 8 * w + half * Width, word[w], sizeof(u32_vec<Width>));
+  }
+}
+
+// Philox4x32-10 of one counter under one key: the kernel's own rounds, for known-answer tests.
+inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter, std::array<std::uint32_t, 2> key) {
+  u32_vec<4> c0{}, c1{}, c2{}, c3{};
+  c0[0] = counter[0], c1[0] = counter[1], c2[0] = counter[2], c3[0] = counter[3];
+  philox_rounds<4>(c0, c1, c2, c3, key[0], key[1]);
+  return {c0[0], c1[0], c2[0], c3[0]};
+}
+
+struct dropout_args {
+  std::uint64_t seed;
+  std::uint32_t keep_threshold;
+  float scale;  // 1 / (1 - p)
+};
+
+inline constexpr std::int64_t dropout_group_size = 32;
+
+// Forward over groups [first, last) of n elements: out = keep ? x * scale : 0, keep = 1 or 0.
+template <int Width, class T>
+[[gnu::always_inline]] inline void dropout_forward_range(const dropout_args& a, std::int64_t first, std::int64_t last,
+                                                         std::int64_t n, const T* x, T* out, std::uint8_t* keep) {
+  using V = float_vec<Width>;
+  using U = u32_vec<Width>;
+  alignas(32) std::uint32_t words[dropout_group_size];
+  for (std::int64_t g = first; g < last; ++g) {
+    philox_group<Width>(a.seed, static_cast<std::uint64_t>(g), words);
+    const std::int64_t base = g * dropout_group_size;
+    if (base + dropout_group_size <= n) {
+      for (int k = 0; k < dropout_group_size; k += Width) {
+        U r;
+        std::memcpy(&r, words + k, sizeof(U));
+        const U kept = (U)(r < a.keep_threshold);  // all ones where kept
+        const V y = load<V>(x + base + k) * a.scale;
+        U bits;
+        std::memcpy(&bits, &y, sizeof(U));
+        bits &= kept;
+        V masked;
+        std::memcpy(&masked, &bits, sizeof(V));
+        store<V>(out + base + k, masked);
+        const u8_vec<Width> flags = __builtin_convertvector(kept & 1u, u8_vec<Width>);
+        std::memcpy(keep + base + k, &flags, sizeof(flags));
+      }
+    } else {  // the last, partial group
+      for (std::int64_t i = base; i < n; ++i) {
+        const bool kept = words[i - base] < a.keep_threshold;
+        out[i] = static_cast<T>(kept ? static_cast<float>(x[i]) * a.scale : 0.0f);
+        keep[i] = kept;
+      }
+    }
+  }
+}
+
+// Backward over elements [begin, end): grad_in = keep ? grad_out * scale : 0.
+template <int Width, class T>
+[[gnu::always_inline]] inline void dropout_backward_range(float scale, std::int64_t begin, std::int64_t end,
+                                                          const T* grad_out, const std::uint8_t* keep, T* grad_in) {
+  using V = float_vec<Width>;
+  using U = u32_vec<Width>;
+  std::int64_t i = begin;
+  for (; i + Width <= end; i += Width) {
+    u8_vec<Width> flags;
+    std::memcpy(&flags, keep + i, sizeof(flags));
+    const U kept = (U)(__builtin_convertvector(flags, U) != 0u);
+    const V y = load<V>(grad_out + i) * scale;
+    U bits;
+    std::memcpy(&bits, &y, sizeof(U));
+    bits &= kept;
+    V masked;
+    std::memcpy(&masked, &bits, sizeof(V));
+    store<V>(grad_in + i, masked);
+  }
+  for (; i < end; ++i) grad_in[i] = static_cast<T>(keep[i] ? static_cast<float>(grad_out[i]) * scale : 0.0f);
+}
+
+#ifdef KILN_GCC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2")
+template <class T>
+void dropout_forward_avx2(const dropout_args& a, std::int64_t first, std::int64_t last, std::int64_t n, const T* x,
+                          T* out, std::uint8_t* keep) {
+  dropout_forward_range<8>(a, first, last, n, x, out, keep);
+}
+template <class T>
+void dropout_backward_avx2(float scale, std::int64_t begin, std::int64_t end, const T* grad_out,
+                           const std::uint8_t* keep, T* grad_in) {
+  dropout_backward_range<8>(scale, begin, end, grad_out, keep, grad_in);
+}
+#pragma GCC pop_options
+#endif
+
+// Groups per thread chunk: 2^15 elements, as kiln's optimizer loops.
+inline constexpr std::int64_t dropout_grain_groups = (1 << 15) / dropout_group_size;
+
+template <class T>
+void dropout_forward_loop(const dropout_args& a, std::int64_t n, const T* x, T* out, std::uint8_t* keep) {
+  const std::int64_t groups = (n + dropout_group_size - 1) / dropout_group_size;
+  at::parallel_for(0, groups, dropout_grain_groups, [&](std::int64_t first, std::int64_t last) {
+#ifdef KILN_GCC_X86
+    if (cpu_has_avx2()) return dropout_forward_avx2(a, first, last, n, x, out, keep);
+#endif
+    dropout_forward_range<4>(a, first, last, n, x, out, keep);
+  });
+}
+
+template <class T>
+void dropout_backward_loop(float scale, std::int64_t n, const T* grad_out, const std::uint8_t* keep, T* grad_in) {
+  at::parallel_for(0, n, dropout_grain_groups * dropout_group_size, [&](std::int64_t begin, std::int64_t end) {
+#ifdef KILN_GCC_X86
+    if (cpu_has_avx2()) return dropout_backward_avx2(scale, begin, end, grad_out, keep, grad_in);
+#endif
+    dropout_backward_range<4>(scale, begin, end, grad_out, keep, grad_in);
+  });
+}
+
+// Whether the fused kernels take this tensor; others go to LibTorch's dropout.
+inline bool fused_dropout_applies(const torch::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16);
+}
+
+// A fresh key from LibTorch's default CPU generator, advancing it as any draw would.
+inline std::uint64_t draw_dropout_seed() {
+  auto* generator = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(generator->mutex_);
+  return generator->random64();
+}
+
+// x (CPU, fp32 or bf16, 0 < p < 1) -> {output, keep mask (uint8 0/1)}.
+inline std::pair<torch::Tensor, torch::Tensor> dropout_forward(const torch::Tensor& input, double p) {
+  const auto x = input.contiguous();
+  auto out = torch::empty_like(x, torch::MemoryFormat::Contiguous);
+  auto keep = torch::empty(x.sizes(), x.options().dtype(torch::kUInt8));
+  const double kept = std::ldexp(1.0 - p, 32);
+  const dropout_args a{.seed = draw_dropout_seed(),
+                       .keep_threshold = kept >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(kept),
+                       .scale = static_cast<float>(1.0 / (1.0 - p))};
+  if (x.scalar_type() == torch::kFloat32)
+    dropout_forward_loop(a, x.numel(), x.data_ptr<float>(), out.data_ptr<float>(), keep.data_ptr<std::uint8_t>());
+  else
+    dropout_forward_loop(a, x.numel(), x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(),
+                         keep.data_ptr<std::uint8_t>());
+  return {out, keep};
+}
+
+inline torch::Tensor dropout_backward(const torch::Tensor& grad_output, const torch::Tensor& keep, float scale) {
+  if (!fused_dropout_applies(grad_output)) return grad_output * keep * scale;
+  const auto g = grad_output.contiguous();
+  auto grad_in = torch::empty_like(g, torch::MemoryFormat::Contiguous);
+  if (g.scalar_type() == torch::kFloat32)
+    dropout_backward_loop(scale, g.numel(), g.data_ptr<float>(), keep.data_ptr<std::uint8_t>(),
+                          grad_in.data_ptr<float>());
+  else
+    dropout_backward_loop(scale, g.numel(), g.data_ptr<c10::BFloat16>(), keep.data_ptr<std::uint8_t>(),
+                          grad_in.data_ptr<c10::BFloat16>());
+  return grad_in;
+}
+
+}  // namespace kiln::detail

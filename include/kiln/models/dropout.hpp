@@ -1,0 +1,83 @@
+// kiln/models/dropout.hpp: inverted dropout, as torch::nn::Dropout, fused on the CPU.
+//
+//   auto drop = kiln::models::dropout(0.1);   // a module, like torch::nn::Dropout(0.1)
+//   y = drop->forward(x);                     // x * keep / (1 - p) in training, x in eval
+//   y = kiln::models::apply_dropout(x, 0.1, /*training=*/true);
+//
+// Same semantics as LibTorch's dropout: each element kept with probability 1 - p and scaled by
+// 1 / (1 - p), the gradient masked and scaled the same way, the identity in eval mode or at
+// p = 0. What differs is how: on the CPU for fp32 and bf16 tensors the mask comes from a
+// counter-based generator in one vectorised, multi-threaded pass, and is kept for backward as
+// 1 byte an element rather than 4 (detail/dropout_kernel.hpp says why and how). The masks are
+// drawn from LibTorch's CPU generator, so torch::manual_seed reproduces them and checkpointing
+// recomputes them, but they are not the masks LibTorch's own dropout would draw for that seed.
+// Other devices and dtypes (CUDA, whose dropout is already one fused kernel; fp16; fp64) use
+// LibTorch's dropout.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/errors.hpp"
+#include "kiln/models/detail/dropout_kernel.hpp"
+
+namespace kiln::detail {
+
+// The autograd node: saves the 1-byte keep mask, and masks and scales the gradient with it.
+struct dropout_function : torch::autograd::Function<dropout_function> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double p) {
+    auto [out, keep] = dropout_forward(x, p);
+    ctx->save_for_backward({keep});
+    ctx->saved_data["scale"] = 1.0 / (1.0 - p);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto keep = ctx->get_saved_variables()[0];
+    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    return {dropout_backward(grads[0], keep, scale), torch::Tensor()};
+  }
+};
+
+}  // namespace kiln::detail
+
+namespace kiln::models {
+
+// x with each element zeroed with probability p and the rest scaled by 1 / (1 - p) when
+// training; x itself otherwise.
+inline torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training) {
+  if (!(p >= 0.0 && p <= 1.0))
+    throw config_error("dropout probability must be in [0, 1], got " + std::to_string(p));
+  if (!training || p == 0.0) return x;
+  if (p == 1.0 || !detail::fused_dropout_applies(x)) return torch::dropout(x, p, training);
+  // One op to profilers and kiln's diagnostics, as LibTorch's dropout is: they then see its
+  // result, not the half-finished buffers it is built from.
+  RECORD_FUNCTION("kiln::dropout", std::vector<c10::IValue>{x});
+  auto out = detail::dropout_function::apply(x, p);
+  if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{out});
+  return out;
+}
+
+class dropout_impl : public torch::nn::Cloneable<dropout_impl> {
+ public:
+  explicit dropout_impl(double p = 0.5) : p_(p) {
+    if (!(p >= 0.0 && p <= 1.0))
+      throw config_error("dropout probability must be in [0, 1], got " + std::to_string(p));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) { return apply_dropout(x, p_, is_training()); }
+
+  void reset() override {}
+  void pretty_print(std::ostream& stream) const override { stream << "kiln::models::dropout(p=" << p_ << ")"; }
+  double p() const { return p_; }
+
+ private:
+  double p_;
+};
+TORCH_MODULE_IMPL(dropout, dropout_impl);
+
+}  // namespace kiln::models
