@@ -43,6 +43,12 @@ struct dropout_function : torch::autograd::Function<dropout_function> {
   }
 };
 
+inline double checked_dropout_probability(double p) {
+  if (!(p >= 0.0 && p <= 1.0))
+    throw config_error("dropout probability must be in [0, 1], got " + std::to_string(p));
+  return p;
+}
+
 }  // namespace kiln::detail
 
 namespace kiln::models {
@@ -50,12 +56,11 @@ namespace kiln::models {
 // x with each element zeroed with probability p and the rest scaled by 1 / (1 - p) when
 // training; x itself otherwise.
 inline torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training) {
-  if (!(p >= 0.0 && p <= 1.0))
-    throw config_error("dropout probability must be in [0, 1], got " + std::to_string(p));
+  detail::checked_dropout_probability(p);
   if (!training || p == 0.0) return x;
   if (p == 1.0 || !detail::fused_dropout_applies(x)) return torch::dropout(x, p, training);
   // One op to profilers and kiln's diagnostics, as LibTorch's dropout is: they then see its
-  // result, not the half-finished buffers it is built from.
+  // result, not the half-finished buffers it is built from. (`guard` is the macro's.)
   RECORD_FUNCTION("kiln::dropout", std::vector<c10::IValue>{x});
   auto out = detail::dropout_function::apply(x, p);
   if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{out});
@@ -64,10 +69,7 @@ inline torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool traini
 
 class dropout_impl : public torch::nn::Cloneable<dropout_impl> {
  public:
-  explicit dropout_impl(double p = 0.5) : p_(p) {
-    if (!(p >= 0.0 && p <= 1.0))
-      throw config_error("dropout probability must be in [0, 1], got " + std::to_string(p));
-  }
+  explicit dropout_impl(double p = 0.5) : p_(detail::checked_dropout_probability(p)) {}
 
   torch::Tensor forward(const torch::Tensor& x) { return apply_dropout(x, p_, is_training()); }
 
