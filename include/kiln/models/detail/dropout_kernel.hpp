@@ -122,6 +122,17 @@ struct dropout_args {
 
 inline constexpr std::int64_t dropout_group_size = 32;
 
+// y where `kept` is all ones, +0.0 where it is zero (lane by lane, on the bits).
+template <class V, class U>
+[[gnu::always_inline]] inline V only_kept(const V& y, const U& kept) {
+  U bits;
+  std::memcpy(&bits, &y, sizeof(U));
+  bits &= kept;
+  V out;
+  std::memcpy(&out, &bits, sizeof(V));
+  return out;
+}
+
 // Forward over groups [first, last) of n elements: out = keep ? x * scale : 0, keep = 1 or 0.
 template <int Width, class T>
 [[gnu::always_inline]] inline void dropout_forward_range(const dropout_args& a, std::int64_t first, std::int64_t last,
@@ -137,13 +148,7 @@ template <int Width, class T>
         U r;
         std::memcpy(&r, words + k, sizeof(U));
         const U kept = (U)(r < a.keep_threshold);  // all ones where kept
-        const V y = load<V>(x + base + k) * a.scale;
-        U bits;
-        std::memcpy(&bits, &y, sizeof(U));
-        bits &= kept;
-        V masked;
-        std::memcpy(&masked, &bits, sizeof(V));
-        store<V>(out + base + k, masked);
+        store<V>(out + base + k, only_kept(load<V>(x + base + k) * a.scale, kept));
         const u8_vec<Width> flags = __builtin_convertvector(kept & 1u, u8_vec<Width>);
         std::memcpy(keep + base + k, &flags, sizeof(flags));
       }
@@ -168,13 +173,7 @@ template <int Width, class T>
     u8_vec<Width> flags;
     std::memcpy(&flags, keep + i, sizeof(flags));
     const U kept = (U)(__builtin_convertvector(flags, U) != 0u);
-    const V y = load<V>(grad_out + i) * scale;
-    U bits;
-    std::memcpy(&bits, &y, sizeof(U));
-    bits &= kept;
-    V masked;
-    std::memcpy(&masked, &bits, sizeof(V));
-    store<V>(grad_in + i, masked);
+    store<V>(grad_in + i, only_kept(load<V>(grad_out + i) * scale, kept));
   }
   for (; i < end; ++i) grad_in[i] = static_cast<T>(keep[i] ? static_cast<float>(grad_out[i]) * scale : 0.0f);
 }
