@@ -7,8 +7,9 @@
 // Same semantics as LibTorch's dropout: each element kept with probability 1 - p and scaled by
 // 1 / (1 - p), the gradient masked and scaled the same way, the identity in eval mode or at
 // p = 0. What differs is how: on the CPU for fp32 and bf16 tensors the mask comes from a
-// counter-based generator in one vectorised, multi-threaded pass, and is kept for backward as
-// 1 byte an element rather than 4 (detail/dropout_kernel.hpp says why and how). The masks are
+// counter-based generator in one vectorised, multi-threaded pass, and backward recomputes it
+// from a 64-bit key rather than keeping it, where LibTorch keeps a mask as wide as the input
+// (detail/dropout_kernel.hpp says why and how). The masks are
 // drawn from LibTorch's CPU generator, so torch::manual_seed reproduces them and checkpointing
 // recomputes them, but they are not the masks LibTorch's own dropout would draw for that seed.
 // Other devices and dtypes (CUDA, whose dropout is already one fused kernel; fp16; fp64) use
@@ -18,6 +19,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,20 +28,31 @@
 
 namespace kiln::detail {
 
-// The autograd node: saves the 1-byte keep mask, and masks and scales the gradient with it.
+// A mask travels from forward to backward in the node's saved data: three numbers, no tensor.
+inline void save_dropout_mask(torch::autograd::AutogradContext* ctx, const dropout_mask& m) {
+  ctx->saved_data["seed"] = static_cast<std::int64_t>(m.seed);
+  ctx->saved_data["keep_threshold"] = static_cast<std::int64_t>(m.keep_threshold);
+  ctx->saved_data["scale"] = static_cast<double>(m.scale);
+}
+inline dropout_mask saved_dropout_mask(torch::autograd::AutogradContext* ctx) {
+  return {.seed = static_cast<std::uint64_t>(ctx->saved_data["seed"].toInt()),
+          .keep_threshold = static_cast<std::uint32_t>(ctx->saved_data["keep_threshold"].toInt()),
+          .scale = static_cast<float>(ctx->saved_data["scale"].toDouble())};
+}
+
+// The autograd node: keeps only the mask's key, and masks and scales the gradient with the
+// mask recomputed from it.
 struct dropout_function : torch::autograd::Function<dropout_function> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double p) {
-    auto [out, keep] = dropout_forward(x, p);
-    ctx->save_for_backward({keep});
-    ctx->saved_data["scale"] = 1.0 / (1.0 - p);
-    return out;
+    const auto mask = draw_dropout_mask(p);
+    save_dropout_mask(ctx, mask);
+    return apply_dropout_mask(x, mask, x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto keep = ctx->get_saved_variables()[0];
-    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
-    return {dropout_backward(grads[0], keep, scale), torch::Tensor()};
+    const auto& g = grads[0];
+    return {apply_dropout_mask(g, saved_dropout_mask(ctx), g.scalar_type()), torch::Tensor()};
   }
 };
 

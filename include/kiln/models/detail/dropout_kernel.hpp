@@ -6,8 +6,10 @@
 // 5.6 ns an element here), then divides the mask and multiplies: three passes and a 4-byte mask.
 // On kiln's gpt that was about a sixth of a training step. Here the mask comes from a counter-
 // based generator, so any element's bits are a pure function of (seed, index): the loop runs
-// vectorised and on every thread, and the result does not depend on how it was split. The
-// forward writes the output and a 1-byte keep mask in one pass; the backward is one pass too.
+// vectorised and on every thread, and the result does not depend on how it was split; and the
+// backward recomputes the mask from the call's 64-bit key instead of keeping it (the idea of
+// FlashAttention's and cuDNN's dropout), so dropout holds no memory between forward and backward.
+// Each direction is one pass: out = kept ? in * scale : 0.
 //
 // The generator: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11), the one behind PyTorch's and cuRAND's GPU dropout; it passes TestU01's BigCrush.
@@ -25,7 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
+#include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -114,10 +116,12 @@ inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c
   return {c0[0], c1[0], c2[0], c3[0]};
 }
 
-struct dropout_args {
+// Everything that decides one call's mask: forward and backward recompute it from these alone,
+// so nothing an element is kept for backward.
+struct dropout_mask {
   std::uint64_t seed;
-  std::uint32_t keep_threshold;
-  float scale;  // 1 / (1 - p)
+  std::uint32_t keep_threshold;  // an element is kept when its word is below this
+  float scale;                   // 1 / (1 - p)
 };
 
 inline constexpr std::int64_t dropout_group_size = 32;
@@ -133,63 +137,38 @@ template <class V, class U>
   return out;
 }
 
-// Forward over groups [first, last) of n elements: out = keep ? x * scale : 0, keep = 1 or 0.
-template <int Width, class T>
-[[gnu::always_inline]] inline void dropout_forward_range(const dropout_args& a, std::int64_t first, std::int64_t last,
-                                                         std::int64_t n, const T* x, T* out, std::uint8_t* keep) {
+// out = kept ? in * scale : 0 over the elements of groups [first, last) of n. Forward (in = x)
+// and backward (in = the output's gradient) are this same pass under the same mask.
+template <int Width, class In, class Out>
+[[gnu::always_inline]] inline void masked_scale_range(const dropout_mask& m, std::int64_t first, std::int64_t last,
+                                                      std::int64_t n, const In* in, Out* out) {
   using V = float_vec<Width>;
   using U = u32_vec<Width>;
   alignas(32) std::uint32_t words[dropout_group_size];
   for (std::int64_t g = first; g < last; ++g) {
-    philox_group<Width>(a.seed, static_cast<std::uint64_t>(g), words);
+    philox_group<Width>(m.seed, static_cast<std::uint64_t>(g), words);
     const std::int64_t base = g * dropout_group_size;
     if (base + dropout_group_size <= n) {
       for (int k = 0; k < dropout_group_size; k += Width) {
         U r;
         std::memcpy(&r, words + k, sizeof(U));
-        const U kept = (U)(r < a.keep_threshold);  // all ones where kept
-        store<V>(out + base + k, only_kept(load<V>(x + base + k) * a.scale, kept));
-        const u8_vec<Width> flags = __builtin_convertvector(kept & 1u, u8_vec<Width>);
-        std::memcpy(keep + base + k, &flags, sizeof(flags));
+        const U kept = (U)(r < m.keep_threshold);  // all ones where kept
+        store<V>(out + base + k, only_kept(load<V>(in + base + k) * m.scale, kept));
       }
     } else {  // the last, partial group
-      for (std::int64_t i = base; i < n; ++i) {
-        const bool kept = words[i - base] < a.keep_threshold;
-        out[i] = static_cast<T>(kept ? static_cast<float>(x[i]) * a.scale : 0.0f);
-        keep[i] = kept;
-      }
+      for (std::int64_t i = base; i < n; ++i)
+        out[i] = static_cast<Out>(words[i - base] < m.keep_threshold ? static_cast<float>(in[i]) * m.scale : 0.0f);
     }
   }
-}
-
-// Backward over elements [begin, end): grad_in = keep ? grad_out * scale : 0.
-template <int Width, class T>
-[[gnu::always_inline]] inline void dropout_backward_range(float scale, std::int64_t begin, std::int64_t end,
-                                                          const T* grad_out, const std::uint8_t* keep, T* grad_in) {
-  using V = float_vec<Width>;
-  using U = u32_vec<Width>;
-  std::int64_t i = begin;
-  for (; i + Width <= end; i += Width) {
-    u8_vec<Width> flags;
-    std::memcpy(&flags, keep + i, sizeof(flags));
-    const U kept = (U)(__builtin_convertvector(flags, U) != 0u);
-    store<V>(grad_in + i, only_kept(load<V>(grad_out + i) * scale, kept));
-  }
-  for (; i < end; ++i) grad_in[i] = static_cast<T>(keep[i] ? static_cast<float>(grad_out[i]) * scale : 0.0f);
 }
 
 #ifdef KILN_GCC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2")
-template <class T>
-void dropout_forward_avx2(const dropout_args& a, std::int64_t first, std::int64_t last, std::int64_t n, const T* x,
-                          T* out, std::uint8_t* keep) {
-  dropout_forward_range<8>(a, first, last, n, x, out, keep);
-}
-template <class T>
-void dropout_backward_avx2(float scale, std::int64_t begin, std::int64_t end, const T* grad_out,
-                           const std::uint8_t* keep, T* grad_in) {
-  dropout_backward_range<8>(scale, begin, end, grad_out, keep, grad_in);
+template <class In, class Out>
+void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const In* in,
+                       Out* out) {
+  masked_scale_range<8>(m, first, last, n, in, out);
 }
 #pragma GCC pop_options
 #endif
@@ -197,24 +176,14 @@ void dropout_backward_avx2(float scale, std::int64_t begin, std::int64_t end, co
 // Groups per thread chunk: 2^15 elements, as kiln's optimizer loops.
 inline constexpr std::int64_t dropout_grain_groups = (1 << 15) / dropout_group_size;
 
-template <class T>
-void dropout_forward_loop(const dropout_args& a, std::int64_t n, const T* x, T* out, std::uint8_t* keep) {
+template <class In, class Out>
+void masked_scale_loop(const dropout_mask& m, std::int64_t n, const In* in, Out* out) {
   const std::int64_t groups = (n + dropout_group_size - 1) / dropout_group_size;
   at::parallel_for(0, groups, dropout_grain_groups, [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
-    if (cpu_has_avx2()) return dropout_forward_avx2(a, first, last, n, x, out, keep);
+    if (cpu_has_avx2()) return masked_scale_avx2(m, first, last, n, in, out);
 #endif
-    dropout_forward_range<4>(a, first, last, n, x, out, keep);
-  });
-}
-
-template <class T>
-void dropout_backward_loop(float scale, std::int64_t n, const T* grad_out, const std::uint8_t* keep, T* grad_in) {
-  at::parallel_for(0, n, dropout_grain_groups * dropout_group_size, [&](std::int64_t begin, std::int64_t end) {
-#ifdef KILN_GCC_X86
-    if (cpu_has_avx2()) return dropout_backward_avx2(scale, begin, end, grad_out, keep, grad_in);
-#endif
-    dropout_backward_range<4>(scale, begin, end, grad_out, keep, grad_in);
+    masked_scale_range<4>(m, first, last, n, in, out);
   });
 }
 
@@ -223,41 +192,37 @@ inline bool fused_dropout_applies(const torch::Tensor& x) {
   return x.device().is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16);
 }
 
-// A fresh key from LibTorch's default CPU generator, advancing it as any draw would.
-inline std::uint64_t draw_dropout_seed() {
+// A fresh mask for dropout probability p (0 < p < 1): its key comes from LibTorch's default CPU
+// generator, advancing it as any draw would.
+inline dropout_mask draw_dropout_mask(double p) {
   auto* generator = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
-  std::lock_guard<std::mutex> lock(generator->mutex_);
-  return generator->random64();
-}
-
-// x (CPU, fp32 or bf16, 0 < p < 1) -> {output, keep mask (uint8 0/1)}.
-inline std::pair<torch::Tensor, torch::Tensor> dropout_forward(const torch::Tensor& input, double p) {
-  const auto x = input.contiguous();
-  auto out = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  auto keep = torch::empty(x.sizes(), x.options().dtype(torch::kUInt8));
+  std::uint64_t seed = 0;
+  {
+    std::lock_guard<std::mutex> lock(generator->mutex_);
+    seed = generator->random64();
+  }
   const double kept = std::ldexp(1.0 - p, 32);
-  const dropout_args a{.seed = draw_dropout_seed(),
-                       .keep_threshold = kept >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(kept),
-                       .scale = static_cast<float>(1.0 / (1.0 - p))};
-  if (x.scalar_type() == torch::kFloat32)
-    dropout_forward_loop(a, x.numel(), x.data_ptr<float>(), out.data_ptr<float>(), keep.data_ptr<std::uint8_t>());
-  else
-    dropout_forward_loop(a, x.numel(), x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(),
-                         keep.data_ptr<std::uint8_t>());
-  return {out, keep};
+  return {.seed = seed,
+          .keep_threshold = kept >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(kept),
+          .scale = static_cast<float>(1.0 / (1.0 - p))};
 }
 
-inline torch::Tensor dropout_backward(const torch::Tensor& grad_output, const torch::Tensor& keep, float scale) {
-  if (!fused_dropout_applies(grad_output)) return grad_output * keep * scale;
-  const auto g = grad_output.contiguous();
-  auto grad_in = torch::empty_like(g, torch::MemoryFormat::Contiguous);
-  if (g.scalar_type() == torch::kFloat32)
-    dropout_backward_loop(scale, g.numel(), g.data_ptr<float>(), keep.data_ptr<std::uint8_t>(),
-                          grad_in.data_ptr<float>());
+// `in` (CPU, fp32 or bf16) with the mask applied, as a new contiguous tensor of dtype `out_dtype`
+// (fp32 or bf16): the forward with in = x, the backward with in = the output's gradient.
+inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropout_mask& m, torch::ScalarType out_dtype) {
+  const auto in = input.contiguous();
+  auto out = torch::empty(in.sizes(), in.options().dtype(out_dtype));
+  const auto run = [&](const auto* from) {
+    if (out_dtype == torch::kFloat32)
+      masked_scale_loop(m, in.numel(), from, out.data_ptr<float>());
+    else
+      masked_scale_loop(m, in.numel(), from, out.data_ptr<c10::BFloat16>());
+  };
+  if (in.scalar_type() == torch::kFloat32)
+    run(in.data_ptr<float>());
   else
-    dropout_backward_loop(scale, g.numel(), g.data_ptr<c10::BFloat16>(), keep.data_ptr<std::uint8_t>(),
-                          grad_in.data_ptr<c10::BFloat16>());
-  return grad_in;
+    run(in.data_ptr<c10::BFloat16>());
+  return out;
 }
 
 }  // namespace kiln::detail
