@@ -46,13 +46,12 @@ struct dropout_function : torch::autograd::Function<dropout_function> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double p) {
     const auto mask = draw_dropout_mask(p);
     save_dropout_mask(ctx, mask);
-    return apply_dropout_mask(x, mask, x.scalar_type());
+    return apply_dropout_mask(x, mask);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto& g = grads[0];
-    return {apply_dropout_mask(g, saved_dropout_mask(ctx), g.scalar_type()), torch::Tensor()};
+    return {apply_dropout_mask(grads[0], saved_dropout_mask(ctx)), torch::Tensor()};
   }
 };
 

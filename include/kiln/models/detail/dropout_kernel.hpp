@@ -117,7 +117,7 @@ inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c
 }
 
 // Everything that decides one call's mask: forward and backward recompute it from these alone,
-// so nothing an element is kept for backward.
+// so nothing per element is kept for backward.
 struct dropout_mask {
   std::uint64_t seed;
   std::uint32_t keep_threshold;  // an element is kept when its word is below this
@@ -139,9 +139,9 @@ template <class V, class U>
 
 // out = kept ? in * scale : 0 over the elements of groups [first, last) of n. Forward (in = x)
 // and backward (in = the output's gradient) are this same pass under the same mask.
-template <int Width, class In, class Out>
+template <int Width, class T>
 [[gnu::always_inline]] inline void masked_scale_range(const dropout_mask& m, std::int64_t first, std::int64_t last,
-                                                      std::int64_t n, const In* in, Out* out) {
+                                                      std::int64_t n, const T* in, T* out) {
   using V = float_vec<Width>;
   using U = u32_vec<Width>;
   alignas(32) std::uint32_t words[dropout_group_size];
@@ -157,7 +157,7 @@ template <int Width, class In, class Out>
       }
     } else {  // the last, partial group
       for (std::int64_t i = base; i < n; ++i)
-        out[i] = static_cast<Out>(words[i - base] < m.keep_threshold ? static_cast<float>(in[i]) * m.scale : 0.0f);
+        out[i] = static_cast<T>(words[i - base] < m.keep_threshold ? static_cast<float>(in[i]) * m.scale : 0.0f);
     }
   }
 }
@@ -165,9 +165,9 @@ template <int Width, class In, class Out>
 #ifdef KILN_GCC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2")
-template <class In, class Out>
-void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const In* in,
-                       Out* out) {
+template <class T>
+void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const T* in,
+                       T* out) {
   masked_scale_range<8>(m, first, last, n, in, out);
 }
 #pragma GCC pop_options
@@ -176,8 +176,8 @@ void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t l
 // Groups per thread chunk: 2^15 elements, as kiln's optimizer loops.
 inline constexpr std::int64_t dropout_grain_groups = (1 << 15) / dropout_group_size;
 
-template <class In, class Out>
-void masked_scale_loop(const dropout_mask& m, std::int64_t n, const In* in, Out* out) {
+template <class T>
+void masked_scale_loop(const dropout_mask& m, std::int64_t n, const T* in, T* out) {
   const std::int64_t groups = (n + dropout_group_size - 1) / dropout_group_size;
   at::parallel_for(0, groups, dropout_grain_groups, [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
@@ -207,21 +207,15 @@ inline dropout_mask draw_dropout_mask(double p) {
           .scale = static_cast<float>(1.0 / (1.0 - p))};
 }
 
-// `in` (CPU, fp32 or bf16) with the mask applied, as a new contiguous tensor of dtype `out_dtype`
-// (fp32 or bf16): the forward with in = x, the backward with in = the output's gradient.
-inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropout_mask& m, torch::ScalarType out_dtype) {
+// `in` (CPU, fp32 or bf16) with the mask applied, as a new contiguous tensor of its dtype: the
+// forward with in = x, the backward with in = the output's gradient.
+inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropout_mask& m) {
   const auto in = input.contiguous();
-  auto out = torch::empty(in.sizes(), in.options().dtype(out_dtype));
-  const auto run = [&](const auto* from) {
-    if (out_dtype == torch::kFloat32)
-      masked_scale_loop(m, in.numel(), from, out.data_ptr<float>());
-    else
-      masked_scale_loop(m, in.numel(), from, out.data_ptr<c10::BFloat16>());
-  };
+  auto out = torch::empty_like(in, torch::MemoryFormat::Contiguous);
   if (in.scalar_type() == torch::kFloat32)
-    run(in.data_ptr<float>());
+    masked_scale_loop(m, in.numel(), in.data_ptr<float>(), out.data_ptr<float>());
   else
-    run(in.data_ptr<c10::BFloat16>());
+    masked_scale_loop(m, in.numel(), in.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
   return out;
 }
 
