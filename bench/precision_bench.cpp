@@ -65,7 +65,7 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
       {
         auto cast = acc.autocast();
         auto logits = model->forward(inputs);
-        loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+        loss = kiln::models::cross_entropy(logits, targets);  // the trainer's loss
       }
       acc.backward(loss);
       acc.step();

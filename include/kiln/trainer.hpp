@@ -29,6 +29,7 @@
 #include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
+#include "kiln/models/cross_entropy.hpp"
 #include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
 
@@ -57,11 +58,12 @@ torch::Tensor forward(Model& model, const torch::Tensor& inputs) {
   else return model->forward(inputs);
 }
 
-// Mean cross-entropy over the targets other than ignore_index (LibTorch's default, -100).
+// Mean cross-entropy over the targets other than ignore_index (LibTorch's default, -100), in
+// fp32 whatever the logits' dtype, keeping for backward only the logits and a number per row
+// (models/cross_entropy.hpp).
 inline constexpr std::int64_t ignore_index = -100;
 inline torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
+  return models::cross_entropy(logits, targets, ignore_index);
 }
 
 // How many of the accumulation policy's units classification_loss() averaged over.

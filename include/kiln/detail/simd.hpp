@@ -1,5 +1,5 @@
 // kiln/detail/simd.hpp: the vector types and loads/stores kiln's hand-fused CPU loops share
-// (the optimizers' update rules, dropout).
+// (the optimizers' update rules, dropout, cross-entropy).
 //
 // Why not at::vec::Vectorized: its fast paths exist only where the including file is compiled
 // with CPU_CAPABILITY_AVX2 (ATen compiles its kernels once per capability and picks one at run
@@ -32,6 +32,7 @@ template <>
 struct lanes<4> {
   typedef float f32 __attribute__((vector_size(16)));
   typedef std::uint32_t u32 __attribute__((vector_size(16)));
+  typedef std::int32_t i32 __attribute__((vector_size(16)));
   typedef std::uint64_t u64 __attribute__((vector_size(32)));
   typedef std::uint16_t u16 __attribute__((vector_size(8)));
   typedef std::uint8_t u8 __attribute__((vector_size(4)));
@@ -40,6 +41,7 @@ template <>
 struct lanes<8> {
   typedef float f32 __attribute__((vector_size(32)));
   typedef std::uint32_t u32 __attribute__((vector_size(32)));
+  typedef std::int32_t i32 __attribute__((vector_size(32)));
   typedef std::uint64_t u64 __attribute__((vector_size(64)));
   typedef std::uint16_t u16 __attribute__((vector_size(16)));
   typedef std::uint8_t u8 __attribute__((vector_size(8)));
@@ -48,6 +50,8 @@ template <int Width>
 using float_vec = typename lanes<Width>::f32;
 template <int Width>
 using u32_vec = typename lanes<Width>::u32;
+template <int Width>
+using i32_vec = typename lanes<Width>::i32;
 template <int Width>
 using u64_vec = typename lanes<Width>::u64;
 template <int Width>

@@ -1,0 +1,254 @@
+// kiln/models/detail/cross_entropy_kernel.hpp: cross-entropy's CPU kernels, one pass over the
+// logits each way, with the softmax recomputed in backward from one number per row.
+//
+// Why: LibTorch's cross_entropy is log_softmax then nll_loss. log_softmax writes, and keeps for
+// backward, a tensor of log-probabilities as large as the logits, in fp32 under autocast even
+// when the logits are bf16 (autocast runs the loss in fp32, so it first makes an fp32 copy of
+// the logits as well). At the end of a language model's forward, which is where its training
+// step peaks, those two are the largest things alive: for a vocabulary of V they cost 8 bytes
+// per token and vocabulary entry over the 2 the bf16 logits themselves take. Here forward keeps
+// the logits (the node holds the model's own output tensor, no copy) and each row's log-sum-exp,
+// and backward recomputes softmax(row) = exp(x - lse) on the fly: the same arithmetic in fp32,
+// nothing as large as the logits created in forward, and two reads of the logits in forward
+// and one read and one write in backward where LibTorch makes five passes.
+//
+// Per row r with target t (rows whose target is ignore_index count for nothing):
+//   forward:  lse_r = m + log(sum_c exp(x_rc - m)),  m = max_c x_rc;  loss_r = lse_r - x_rt
+//             loss = sum_r loss_r / (rows scored), summed in a fixed order, in double
+//   backward: dx_rc = (exp(x_rc - lse_r) - [c == t]) * grad / (rows scored)
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kiln/detail/simd.hpp"
+
+namespace kiln::detail {
+
+// e^x lane by lane for x <= 88.7 (softmax only asks for x - max <= 0): Cephes' expf, a degree-7
+// polynomial on [-ln2/2, ln2/2] after taking out a power of two, about 1 ulp from the true
+// value. NaN stays NaN; below -87.3 the result is e^-87.3 ~ 1e-38, not 0, which changes no sum.
+template <class V>
+[[gnu::always_inline]] inline V exp_lanes(V x) {
+  constexpr int width = width_of<V>;
+  using I = i32_vec<width>;
+  x = x < -87.3365478515625f ? V{} - 87.3365478515625f : x;  // keeps NaN: the comparison is false
+  const V scaled = x * 1.44269504088896341f;
+  const I k = __builtin_convertvector(scaled + (scaled < 0.0f ? V{} - 0.5f : V{} + 0.5f), I);
+  const V kf = __builtin_convertvector(k, V);
+  const V r = x - kf * 0.693359375f + kf * 2.12194440e-4f;  // ln 2 in two parts, exactly
+  const V r2 = r * r;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  const I bits = (k + 127) << 23;  // 2^k, k >= -126 after the clamp
+  V two_k;
+  std::memcpy(&two_k, &bits, sizeof(V));
+  return p * two_k;
+}
+
+template <class V>
+[[gnu::always_inline]] inline float lanes_max(const V& v) {
+  float m = v[0];
+  for (int i = 1; i < width_of<V>; ++i) m = v[i] > m || v[i] != v[i] ? v[i] : m;
+  return m;
+}
+
+template <class V>
+[[gnu::always_inline]] inline float lanes_sum(const V& v) {
+  float s = 0.0f;
+  for (int i = 0; i < width_of<V>; ++i) s += v[i];
+  return s;
+}
+
+// A scalar element through the same exp as the lanes, so a row's tail adds up like its body.
+template <int Width>
+[[gnu::always_inline]] inline float exp_one(float x) {
+  float_vec<Width> v{};
+  v[0] = x;
+  return exp_lanes(v)[0];
+}
+
+// log-sum-exp of one row of c logits.
+template <int Width, class T>
+[[gnu::always_inline]] inline float row_logsumexp(const T* x, std::int64_t c) {
+  using V = float_vec<Width>;
+  const std::int64_t body = c / Width * Width;
+  float m = -std::numeric_limits<float>::infinity();
+  if (body > 0) {
+    V mv = load<V>(x);
+    for (std::int64_t i = Width; i < body; i += Width) {
+      const V v = load<V>(x + i);
+      mv = (v > mv) | (v != v) ? v : mv;  // NaN wins, as in torch.max
+    }
+    m = lanes_max(mv);
+  }
+  for (std::int64_t i = body; i < c; ++i) {
+    const float v = static_cast<float>(x[i]);
+    if (v > m || v != v) m = v;
+  }
+  // A row of -inf (everything masked) has no finite max: its sum is then e^nan, nan, as LibTorch's.
+  V sv{};
+  for (std::int64_t i = 0; i < body; i += Width) sv += exp_lanes(load<V>(x + i) - m);
+  float s = lanes_sum(sv);
+  for (std::int64_t i = body; i < c; ++i) s += exp_one<Width>(static_cast<float>(x[i]) - m);
+  return m + std::log(s);
+}
+
+// Row by row over rows [first, last): each row's log-sum-exp into lse, its loss into loss (0 for
+// ignored rows); a target outside [0, c) other than ignore_index is reported through bad_row.
+template <int Width, class T>
+[[gnu::always_inline]] inline void cross_entropy_forward_range(const T* logits, const std::int64_t* targets,
+                                                               std::int64_t first, std::int64_t last, std::int64_t c,
+                                                               std::int64_t ignore_index, float* lse, double* loss,
+                                                               std::int64_t& bad_row) {
+  for (std::int64_t r = first; r < last; ++r) {
+    const T* row = logits + r * c;
+    lse[r] = row_logsumexp<Width>(row, c);
+    const std::int64_t t = targets[r];
+    if (t == ignore_index) {
+      loss[r] = 0.0;
+    } else if (t < 0 || t >= c) {
+      loss[r] = 0.0;
+      if (bad_row < 0) bad_row = r;
+    } else {
+      loss[r] = static_cast<double>(lse[r]) - static_cast<double>(static_cast<float>(row[t]));
+    }
+  }
+}
+
+// dx = (exp(x - lse) - onehot(target)) * scale for rows [first, last); ignored rows get 0.
+template <int Width, class T>
+[[gnu::always_inline]] inline void cross_entropy_backward_range(const T* logits, const std::int64_t* targets,
+                                                                const float* lse, std::int64_t first,
+                                                                std::int64_t last, std::int64_t c,
+                                                                std::int64_t ignore_index, float scale, T* grad) {
+  using V = float_vec<Width>;
+  const std::int64_t body = c / Width * Width;
+  for (std::int64_t r = first; r < last; ++r) {
+    const T* row = logits + r * c;
+    T* out = grad + r * c;
+    const std::int64_t t = targets[r];
+    const float s = t == ignore_index ? 0.0f : scale;
+    for (std::int64_t i = 0; i < body; i += Width) store<V>(out + i, exp_lanes(load<V>(row + i) - lse[r]) * s);
+    for (std::int64_t i = body; i < c; ++i) out[i] = static_cast<T>(exp_one<Width>(static_cast<float>(row[i]) - lse[r]) * s);
+    if (t != ignore_index) out[t] = static_cast<T>((exp_one<Width>(static_cast<float>(row[t]) - lse[r]) - 1.0f) * s);
+  }
+}
+
+#ifdef KILN_GCC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2")
+template <class T>
+void cross_entropy_forward_avx2(const T* logits, const std::int64_t* targets, std::int64_t first, std::int64_t last,
+                                std::int64_t c, std::int64_t ignore_index, float* lse, double* loss,
+                                std::int64_t& bad_row) {
+  cross_entropy_forward_range<8>(logits, targets, first, last, c, ignore_index, lse, loss, bad_row);
+}
+template <class T>
+void cross_entropy_backward_avx2(const T* logits, const std::int64_t* targets, const float* lse, std::int64_t first,
+                                 std::int64_t last, std::int64_t c, std::int64_t ignore_index, float scale, T* grad) {
+  cross_entropy_backward_range<8>(logits, targets, lse, first, last, c, ignore_index, scale, grad);
+}
+#pragma GCC pop_options
+#endif
+
+// Rows per thread chunk: about 2^15 logits, as kiln's other loops.
+inline std::int64_t cross_entropy_grain_rows(std::int64_t c) { return std::max<std::int64_t>(1, (1 << 15) / c); }
+
+// Whether the fused kernels take these logits ([rows, classes], contiguous, fp32 or bf16 on the
+// CPU); others go through the same recomputing scheme in LibTorch ops (detail/..., below).
+inline bool fused_cross_entropy_applies(const torch::Tensor& logits) {
+  return logits.device().is_cpu() && (logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16);
+}
+
+// f(data) with the logits' data as float or c10::BFloat16 (the two dtypes the kernels take).
+template <class F>
+void with_float_or_bf16(const torch::Tensor& logits, F&& f) {
+  if (logits.scalar_type() == torch::kFloat32) f(logits.data_ptr<float>());
+  else f(logits.data_ptr<c10::BFloat16>());
+}
+
+struct cross_entropy_forward_result {
+  torch::Tensor loss;  // fp32 scalar
+  torch::Tensor lse;   // fp32 [rows]
+  std::int64_t scored = 0;
+};
+
+[[noreturn]] inline void throw_target_out_of_range(std::int64_t row, std::int64_t target, std::int64_t classes) {
+  throw std::out_of_range("cross_entropy: target " + std::to_string(target) + " at row " + std::to_string(row) +
+                          " is outside [0, " + std::to_string(classes) + ") and is not the ignore_index");
+}
+
+// logits [rows, c] contiguous fp32/bf16 on the CPU, targets int64 [rows] contiguous.
+inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
+                                                              std::int64_t ignore_index) {
+  const std::int64_t rows = logits.size(0), c = logits.size(1);
+  auto lse = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+  std::vector<double> loss(static_cast<std::size_t>(rows));
+  std::int64_t first_bad = rows;
+  std::mutex bad_mutex;
+  with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
+    const auto* t = targets.data_ptr<std::int64_t>();
+    auto* l = lse.data_ptr<float>();
+    at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
+      std::int64_t bad = -1;
+#ifdef KILN_GCC_X86
+      if (cpu_has_avx2()) cross_entropy_forward_avx2(x, t, first, last, c, ignore_index, l, loss.data(), bad);
+      else
+#endif
+        cross_entropy_forward_range<4>(x, t, first, last, c, ignore_index, l, loss.data(), bad);
+      if (bad >= 0) {
+        std::lock_guard lock(bad_mutex);
+        first_bad = std::min(first_bad, bad);
+      }
+    });
+  });
+  const auto* t = targets.data_ptr<std::int64_t>();
+  if (first_bad < rows) throw_target_out_of_range(first_bad, t[first_bad], c);
+  // In row order, whatever the threads: the loss does not depend on how the rows were split.
+  double sum = 0.0;
+  std::int64_t scored = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    sum += loss[static_cast<std::size_t>(r)];
+    scored += t[r] != ignore_index;
+  }
+  // No scored row: 0 / 0, NaN, as LibTorch's mean over nothing.
+  const double mean = scored > 0 ? sum / static_cast<double>(scored) : std::numeric_limits<double>::quiet_NaN();
+  return {torch::full({}, mean, logits.options().dtype(torch::kFloat32)), lse, scored};
+}
+
+inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
+                                                const torch::Tensor& lse, std::int64_t ignore_index, float scale) {
+  const std::int64_t rows = logits.size(0), c = logits.size(1);
+  auto grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
+  with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
+    const auto* t = targets.data_ptr<std::int64_t>();
+    const auto* l = lse.data_ptr<float>();
+    auto* g = static_cast<scalar_t*>(grad.data_ptr());
+    at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
+#ifdef KILN_GCC_X86
+      if (cpu_has_avx2()) return cross_entropy_backward_avx2(x, t, l, first, last, c, ignore_index, scale, g);
+#endif
+      cross_entropy_backward_range<4>(x, t, l, first, last, c, ignore_index, scale, g);
+    });
+  });
+  return grad;
+}
+
+}  // namespace kiln::detail
