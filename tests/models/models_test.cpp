@@ -5,8 +5,11 @@
 
 #include "kiln/data/synthetic.hpp"
 #include "kiln/models/cnn.hpp"
+#include "kiln/detail/compat.hpp"
 #include "kiln/models/gpt.hpp"
+#include "kiln/models/linear.hpp"
 #include "kiln/models/mlp.hpp"
+#include "kiln/profiler/memory_meter.hpp"
 
 // doctest comes after the LibTorch headers: Debian's LibTorch is built with glog, whose
 // CHECK macros would otherwise replace doctest's CHECK without a word.
@@ -165,6 +168,36 @@ TEST_CASE("gpt: settings and input checks") {
   const auto text = config_error_text([&] { model->forward(torch::zeros({1, 9}, torch::kLong)); });
   CHECK(text.find("seq_len") != std::string::npos);
   CHECK(text.find("9") != std::string::npos);
+}
+
+TEST_CASE("apply_linear: Linear's forward outside autocast; under bf16 autocast no fp32 copy of the output") {
+  torch::manual_seed(0);
+  torch::nn::Linear layer(64, 256);
+  const auto x = torch::randn({8, 16, 64});
+  const auto plain = layer->forward(x);
+  const auto ours = kiln::models::apply_linear(*layer, x);
+  CHECK((ours.sizes() == plain.sizes()));
+  CHECK(torch::allclose(ours, plain, 1e-5, 1e-6));
+  CHECK(torch::equal(kiln::models::apply_linear(*layer, x[0]), torch::nn::functional::linear(x[0], layer->weight, layer->bias)));
+
+  // Peak bytes of one call under bf16 autocast, the bf16 input made beforehand.
+  const auto input = x.to(torch::kBFloat16);
+  auto peak_of = [&](auto&& f) {
+    kiln::detail::autocast_scope bf16(c10::DeviceType::CPU, at::kBFloat16);
+    kiln::memory_meter meter;
+    meter.start();
+    const auto out = f();
+    CHECK((out.scalar_type() == torch::kBFloat16));
+    meter.stop();
+    return meter.peak();
+  };
+  const std::int64_t out_bytes = 8 * 16 * 256 * 2, weight_bytes = 64 * 256 * 2, bias_bytes = 256 * 2;
+  // the output, the bf16 weight and bias (cast once and cached), and nothing else of the output's size
+  // (the matmul's own few KiB of scratch aside)
+  CHECK(peak_of([&] { return kiln::models::apply_linear(*layer, input); }) < out_bytes + weight_bytes + bias_bytes + out_bytes / 4);
+  // LibTorch's C++ Linear adds the fp32 bias through an fp32 copy of the output (the reference
+  // this improves on)
+  CHECK(peak_of([&] { return layer->forward(input); }) >= out_bytes + 2 * out_bytes);
 }
 
 TEST_CASE("mlp learns make_classification with AdamW in 200 steps") {

@@ -15,6 +15,7 @@
 #include "kiln/checkpointing/checkpoint.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
+#include "kiln/models/linear.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::models {
@@ -80,7 +81,7 @@ class causal_self_attention_impl : public torch::nn::Module, public kiln::checkp
 
   torch::Tensor attend(const torch::Tensor& x) {
     const std::int64_t b = x.size(0), t = x.size(1), hd = d_model_ / n_head_;
-    auto parts = qkv->forward(x).split(d_model_, -1);
+    auto parts = apply_linear(*qkv, x).split(d_model_, -1);
     auto heads = [&](const torch::Tensor& p) { return p.view({b, t, n_head_, hd}).transpose(1, 2); };
     auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
@@ -88,7 +89,7 @@ class causal_self_attention_impl : public torch::nn::Module, public kiln::checkp
                           -std::numeric_limits<double>::infinity());
     att = attn_drop->forward(torch::softmax(att, -1));
     auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d_model_});
-    return resid_drop->forward(proj->forward(y));
+    return resid_drop->forward(apply_linear(*proj, y));
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
@@ -116,7 +117,7 @@ class gpt_mlp_impl : public torch::nn::Module, public kiln::checkpointable {
     fc = register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model));
     proj = register_module("proj", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model));
     drop = register_module("drop", kiln::models::dropout(s.dropout));
-    set_body([this](const torch::Tensor& x) { return drop->forward(proj->forward(torch::gelu(fc->forward(x)))); });
+    set_body([this](const torch::Tensor& x) { return drop->forward(apply_linear(*proj, torch::gelu(apply_linear(*fc, x)))); });
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
@@ -176,7 +177,7 @@ class gpt_impl : public torch::nn::Module {
     auto positions = torch::arange(t, tokens.options().dtype(torch::kLong));
     auto x = drop->forward(tok_emb->forward(tokens) + pos_emb->forward(positions));
     for (const auto& block : *blocks) x = block->as<gpt_block_impl>()->forward(x);
-    return head->forward(ln_f->forward(x));
+    return apply_linear(*head, ln_f->forward(x));
   }
 
   std::int64_t num_blocks() const { return settings_.n_layer; }
