@@ -1,6 +1,6 @@
 // kiln_bench_step: the quickstart model's training step in kiln's trainer against the same
-// loop written by hand in LibTorch (with LibTorch's AdamW, and with kiln's fused AdamW called
-// directly), plus the machine's bounds for that step.
+// loop written by hand in LibTorch (with LibTorch's AdamW and loss, and with kiln's fused AdamW
+// and loss called directly), plus the machine's bounds for that step.
 //
 //   kiln_bench_step --threads N --steps S --rounds R   (bench/run drives it; see README.md, Benchmarks)
 //
@@ -87,7 +87,10 @@ double time_handwritten(const kiln::data::tensor_pair& train, std::int64_t steps
     position += batch;
     auto x = train.inputs.index_select(0, idx), y = train.targets.index_select(0, idx);
     optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    // The LibTorch loop uses LibTorch's loss, as a LibTorch user writes it; the kiln-AdamW loop
+    // uses kiln's, as the trainer does, so that kiln / it is the trainer's own cost alone.
+    auto loss = Optimizer == hand_optimizer::libtorch ? torch::nn::functional::cross_entropy(model->forward(x), y)
+                                                      : kiln::models::cross_entropy(model->forward(x), y);
     loss.backward();
     optimizer.step();
     loss_sum += loss.item<double>();  // every real loop looks at its loss
