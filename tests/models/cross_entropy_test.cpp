@@ -135,7 +135,7 @@ TEST_SUITE("cross_entropy") {
     CHECK(std::isnan(kiln::models::cross_entropy(torch::randn({4, 10}), torch::full({4}, -100, torch::kLong)).item<float>()));
   }
 
-  TEST_CASE("a target out of range names the row and value; wrong shapes and dtypes are config errors") {
+  TEST_CASE("a target out of range names the row and value, and wrong shapes and dtypes are config errors") {
     auto targets = torch::zeros({6}, torch::kLong);
     targets[4] = 10;
     try {

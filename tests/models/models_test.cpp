@@ -170,7 +170,7 @@ TEST_CASE("gpt: settings and input checks") {
   CHECK(text.find("9") != std::string::npos);
 }
 
-TEST_CASE("apply_linear: Linear's forward outside autocast; under bf16 autocast no fp32 copy of the output") {
+TEST_CASE("apply_linear: Linear's forward outside autocast, and under bf16 autocast no fp32 copy of the output") {
   torch::manual_seed(0);
   torch::nn::Linear layer(64, 256);
   const auto x = torch::randn({8, 16, 64});
