@@ -64,9 +64,10 @@ inline cross_entropy_forward_result cross_entropy_forward_ops(const torch::Tenso
     lse.slice(0, first, last).copy_(block_lse);
     sum += (block_lse - x.gather(1, target.unsqueeze(1)).squeeze(1)).masked_fill(scored.logical_not(), 0).sum();
   }
-  const auto scored = scored_rows.sum();
-  // A mean over no rows is 0 / 0: NaN, as LibTorch's.
-  return {sum / scored.to(math), lse, -1};
+  // Counted on the device, so that a GPU run need not wait for it. A mean over no rows is
+  // 0 / 0: NaN, as LibTorch's.
+  const auto scored = scored_rows.sum().to(math);
+  return {sum / scored, lse, scored};
 }
 
 inline torch::Tensor cross_entropy_backward_ops(const torch::Tensor& logits, const torch::Tensor& targets,
@@ -93,10 +94,7 @@ struct cross_entropy_function : torch::autograd::Function<cross_entropy_function
                                const torch::Tensor& targets, std::int64_t ignore_index) {
     auto result = fused_cross_entropy_applies(logits) ? cross_entropy_forward_cpu(logits, targets, ignore_index)
                                                       : cross_entropy_forward_ops(logits, targets, ignore_index);
-    // Rows scored, as a tensor so that a GPU run need not wait for it: the gradient is 1 / scored.
-    const auto scored = result.scored >= 0 ? torch::full({}, static_cast<double>(result.scored), result.loss.options())
-                                           : targets.ne(ignore_index).sum().to(result.loss.scalar_type());
-    ctx->save_for_backward({logits, targets, result.lse, scored});
+    ctx->save_for_backward({logits, targets, result.lse, result.scored});
     ctx->saved_data["ignore_index"] = ignore_index;
     return result.loss;
   }

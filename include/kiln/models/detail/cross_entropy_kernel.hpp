@@ -184,10 +184,11 @@ void with_float_or_bf16(const torch::Tensor& logits, F&& f) {
   else f(logits.data_ptr<c10::BFloat16>());
 }
 
+// In the arithmetic's dtype (fp32, or fp64 for fp64 logits), on the logits' device.
 struct cross_entropy_forward_result {
-  torch::Tensor loss;  // fp32 scalar
-  torch::Tensor lse;   // fp32 [rows]
-  std::int64_t scored = 0;
+  torch::Tensor loss;    // scalar
+  torch::Tensor lse;     // [rows]
+  torch::Tensor scored;  // scalar: the rows not ignored, by which backward divides
 };
 
 [[noreturn]] inline void throw_target_out_of_range(std::int64_t row, std::int64_t target, std::int64_t classes) {
@@ -230,7 +231,8 @@ inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tenso
   }
   // No scored row: 0 / 0, NaN, as LibTorch's mean over nothing.
   const double mean = scored > 0 ? sum / static_cast<double>(scored) : std::numeric_limits<double>::quiet_NaN();
-  return {torch::full({}, mean, logits.options().dtype(torch::kFloat32)), lse, scored};
+  const auto scalar = logits.options().dtype(torch::kFloat32);
+  return {torch::full({}, mean, scalar), lse, torch::full({}, static_cast<double>(scored), scalar)};
 }
 
 inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
