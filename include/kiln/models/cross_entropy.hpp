@@ -10,7 +10,8 @@
 //  - the arithmetic is fp32 (fp64 for fp64 logits) whatever the logits' dtype, so bf16 or fp16
 //    logits give an fp32 loss, as autocast's cross_entropy does, with no fp32 copy of them;
 //  - for backward it keeps the logits themselves (the tensor the model returned: no copy) and
-//    one fp32 log-sum-exp per row, and recomputes the softmax from them, where LibTorch keeps
+//    two fp32 numbers per row (its max, the log of its sum of exponentials), and recomputes the
+//    softmax from them, where LibTorch keeps
 //    fp32 log-probabilities as large as the logits. For a language model the logits are the
 //    largest activation, and the saving is taken at the end of forward, the step's peak;
 //  - on the CPU, for fp32 and bf16 logits, forward and backward are each one vectorised,
@@ -40,7 +41,7 @@ inline torch::ScalarType cross_entropy_math_type(const torch::Tensor& logits) {
   return logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
-// The LibTorch-op path of forward: the loss and each row's log-sum-exp, block by block.
+// The LibTorch-op path of forward: the loss and each row's normaliser, block by block.
 inline cross_entropy_forward_result cross_entropy_forward_ops(const torch::Tensor& logits, const torch::Tensor& targets,
                                                               std::int64_t ignore_index) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
@@ -53,25 +54,27 @@ inline cross_entropy_forward_result cross_entropy_forward_ops(const torch::Tenso
       throw_target_out_of_range(row, targets[row].item<std::int64_t>(), c);
     }
   }
-  auto lse = torch::empty({rows}, logits.options().dtype(math));
+  auto norm = torch::empty({rows, 2}, logits.options().dtype(math));
   auto sum = torch::zeros({}, logits.options().dtype(math));
   for (std::int64_t first = 0; first < rows; first += cross_entropy_block_rows(c)) {
     const auto last = std::min(rows, first + cross_entropy_block_rows(c));
     const auto x = logits.slice(0, first, last).to(math);
     const auto scored = scored_rows.slice(0, first, last);
     const auto target = targets.slice(0, first, last).masked_fill(scored.logical_not(), 0);
-    const auto block_lse = at::logsumexp(x, {1});
-    lse.slice(0, first, last).copy_(block_lse);
-    sum += (block_lse - x.gather(1, target.unsqueeze(1)).squeeze(1)).masked_fill(scored.logical_not(), 0).sum();
+    const auto max = std::get<0>(x.max(1, /*keepdim=*/true));  // NaN if the row holds one, as amax
+    const auto log_sum = (x - max).exp_().sum(1, /*keepdim=*/true).log_();
+    norm.slice(0, first, last).copy_(torch::cat({max, log_sum}, 1));
+    const auto row_loss = (max - x.gather(1, target.unsqueeze(1))) + log_sum;
+    sum += row_loss.squeeze(1).masked_fill(scored.logical_not(), 0).sum();
   }
   // Counted on the device, so that a GPU run need not wait for it. A mean over no rows is
   // 0 / 0: NaN, as LibTorch's.
   const auto scored = scored_rows.sum().to(math);
-  return {sum / scored, lse, scored};
+  return {sum / scored, norm, scored};
 }
 
 inline torch::Tensor cross_entropy_backward_ops(const torch::Tensor& logits, const torch::Tensor& targets,
-                                                const torch::Tensor& lse, std::int64_t ignore_index,
+                                                const torch::Tensor& norm, std::int64_t ignore_index,
                                                 const torch::Tensor& scale) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
   const auto math = cross_entropy_math_type(logits);
@@ -80,7 +83,8 @@ inline torch::Tensor cross_entropy_backward_ops(const torch::Tensor& logits, con
     const auto last = std::min(rows, first + cross_entropy_block_rows(c));
     const auto scored = targets.slice(0, first, last).ne(ignore_index);
     const auto target = targets.slice(0, first, last).masked_fill(scored.logical_not(), 0);
-    auto p = (logits.slice(0, first, last).to(math) - lse.slice(0, first, last).unsqueeze(1)).exp_();
+    const auto block_norm = norm.slice(0, first, last);
+    auto p = logits.slice(0, first, last).to(math).sub(block_norm.slice(1, 0, 1)).sub_(block_norm.slice(1, 1, 2)).exp_();
     p.scatter_add_(1, target.unsqueeze(1), torch::full({last - first, 1}, -1.0, p.options()));
     p.mul_((scored.to(math) * scale.to(math)).unsqueeze(1));
     grad.slice(0, first, last).copy_(p);
@@ -88,13 +92,13 @@ inline torch::Tensor cross_entropy_backward_ops(const torch::Tensor& logits, con
   return grad;
 }
 
-// The autograd node: keeps the logits, the targets and one log-sum-exp per row.
+// The autograd node: keeps the logits, the targets and each row's normaliser.
 struct cross_entropy_function : torch::autograd::Function<cross_entropy_function> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, std::int64_t ignore_index) {
     auto result = fused_cross_entropy_applies(logits) ? cross_entropy_forward_cpu(logits, targets, ignore_index)
                                                       : cross_entropy_forward_ops(logits, targets, ignore_index);
-    ctx->save_for_backward({logits, targets, result.lse, result.scored});
+    ctx->save_for_backward({logits, targets, result.norm, result.scored});
     ctx->saved_data["ignore_index"] = ignore_index;
     return result.loss;
   }

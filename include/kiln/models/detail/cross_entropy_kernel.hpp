@@ -7,15 +7,19 @@
 // the logits as well). At the end of a language model's forward, which is where its training
 // step peaks, those two are the largest things alive: for a vocabulary of V they cost 8 bytes
 // per token and vocabulary entry over the 2 the bf16 logits themselves take. Here forward keeps
-// the logits (the node holds the model's own output tensor, no copy) and each row's log-sum-exp,
-// and backward recomputes softmax(row) = exp(x - lse) on the fly: the same arithmetic in fp32,
+// the logits (the node holds the model's own output tensor, no copy) and two numbers per row (its
+// max and the log of its sum of exponentials), and backward recomputes softmax(row) on the fly
+// from them: the same arithmetic in fp32, as precise as LibTorch's at any logit magnitude,
 // nothing as large as the logits created in forward, and two reads of the logits in forward
 // and one read and one write in backward where LibTorch makes five passes.
 //
 // Per row r with target t (rows whose target is ignore_index count for nothing):
-//   forward:  lse_r = m + log(sum_c exp(x_rc - m)),  m = max_c x_rc;  loss_r = lse_r - x_rt
+//   forward:  m_r = max_c x_rc,  s_r = log(sum_c exp(x_rc - m_r));  loss_r = (m_r - x_rt) + s_r
 //             loss = sum_r loss_r / (rows scored), summed in a fixed order, in double
-//   backward: dx_rc = (exp(x_rc - lse_r) - [c == t]) * grad / (rows scored)
+//   backward: dx_rc = (exp((x_rc - m_r) - s_r) - [c == t]) * grad / (rows scored)
+// m_r and s_r are kept apart rather than as their sum, the log-sum-exp: at logits near 1e4 an
+// fp32 log-sum-exp is off by up to half an ulp of 1e4 (5e-4), and so, relatively, is every
+// probability recomputed from it. x - m is exact and s small, as in LibTorch's log_softmax.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -84,9 +88,15 @@ template <int Width>
   return exp_lanes(v)[0];
 }
 
-// log-sum-exp of one row of c logits.
+// What backward needs of a row to recompute its softmax, stored as two consecutive floats.
+struct row_normaliser {
+  float max;      // m = max_c x_c (NaN if the row holds one)
+  float log_sum;  // log(sum_c exp(x_c - m))
+};
+static_assert(sizeof(row_normaliser) == 2 * sizeof(float));
+
 template <int Width, class T>
-[[gnu::always_inline]] inline float row_logsumexp(const T* x, std::int64_t c) {
+[[gnu::always_inline]] inline row_normaliser row_normaliser_of(const T* x, std::int64_t c) {
   using V = float_vec<Width>;
   const std::int64_t body = c / Width * Width;
   float m = -std::numeric_limits<float>::infinity();
@@ -107,19 +117,19 @@ template <int Width, class T>
   for (std::int64_t i = 0; i < body; i += Width) sv += exp_lanes(load<V>(x + i) - m);
   float s = lanes_sum(sv);
   for (std::int64_t i = body; i < c; ++i) s += exp_one<Width>(static_cast<float>(x[i]) - m);
-  return m + std::log(s);
+  return {m, std::log(s)};
 }
 
-// Row by row over rows [first, last): each row's log-sum-exp into lse, its loss into loss (0 for
+// Row by row over rows [first, last): each row's normaliser into norm, its loss into loss (0 for
 // ignored rows); a target outside [0, c) other than ignore_index is reported through bad_row.
 template <int Width, class T>
 [[gnu::always_inline]] inline void cross_entropy_forward_range(const T* logits, const std::int64_t* targets,
                                                                std::int64_t first, std::int64_t last, std::int64_t c,
-                                                               std::int64_t ignore_index, float* lse, double* loss,
-                                                               std::int64_t& bad_row) {
+                                                               std::int64_t ignore_index, row_normaliser* norm,
+                                                               double* loss, std::int64_t& bad_row) {
   for (std::int64_t r = first; r < last; ++r) {
     const T* row = logits + r * c;
-    lse[r] = row_logsumexp<Width>(row, c);
+    norm[r] = row_normaliser_of<Width>(row, c);
     const std::int64_t t = targets[r];
     if (t == ignore_index) {
       loss[r] = 0.0;
@@ -127,15 +137,16 @@ template <int Width, class T>
       loss[r] = 0.0;
       if (bad_row < 0) bad_row = r;
     } else {
-      loss[r] = static_cast<double>(lse[r]) - static_cast<double>(static_cast<float>(row[t]));
+      loss[r] = (static_cast<double>(norm[r].max) - static_cast<double>(static_cast<float>(row[t]))) +
+                static_cast<double>(norm[r].log_sum);
     }
   }
 }
 
-// dx = (exp(x - lse) - onehot(target)) * scale for rows [first, last); ignored rows get 0.
+// dx = (exp((x - m) - s) - onehot(target)) * scale for rows [first, last); ignored rows get 0.
 template <int Width, class T>
 [[gnu::always_inline]] inline void cross_entropy_backward_range(const T* logits, const std::int64_t* targets,
-                                                                const float* lse, std::int64_t first,
+                                                                const row_normaliser* norm, std::int64_t first,
                                                                 std::int64_t last, std::int64_t c,
                                                                 std::int64_t ignore_index, float scale, T* grad) {
   using V = float_vec<Width>;
@@ -145,9 +156,11 @@ template <int Width, class T>
     T* out = grad + r * c;
     const std::int64_t t = targets[r];
     const float s = t == ignore_index ? 0.0f : scale;
-    for (std::int64_t i = 0; i < body; i += Width) store<V>(out + i, exp_lanes(load<V>(row + i) - lse[r]) * s);
-    for (std::int64_t i = body; i < c; ++i) out[i] = static_cast<T>(exp_one<Width>(static_cast<float>(row[i]) - lse[r]) * s);
-    if (t != ignore_index) out[t] = static_cast<T>((exp_one<Width>(static_cast<float>(row[t]) - lse[r]) - 1.0f) * s);
+    const float m = norm[r].max, log_sum = norm[r].log_sum;
+    auto p = [&](float x) { return exp_one<Width>((x - m) - log_sum); };
+    for (std::int64_t i = 0; i < body; i += Width) store<V>(out + i, exp_lanes((load<V>(row + i) - m) - log_sum) * s);
+    for (std::int64_t i = body; i < c; ++i) out[i] = static_cast<T>(p(static_cast<float>(row[i])) * s);
+    if (t != ignore_index) out[t] = static_cast<T>((p(static_cast<float>(row[t])) - 1.0f) * s);
   }
 }
 
@@ -156,14 +169,15 @@ template <int Width, class T>
 #pragma GCC target("avx2")
 template <class T>
 void cross_entropy_forward_avx2(const T* logits, const std::int64_t* targets, std::int64_t first, std::int64_t last,
-                                std::int64_t c, std::int64_t ignore_index, float* lse, double* loss,
+                                std::int64_t c, std::int64_t ignore_index, row_normaliser* norm, double* loss,
                                 std::int64_t& bad_row) {
-  cross_entropy_forward_range<8>(logits, targets, first, last, c, ignore_index, lse, loss, bad_row);
+  cross_entropy_forward_range<8>(logits, targets, first, last, c, ignore_index, norm, loss, bad_row);
 }
 template <class T>
-void cross_entropy_backward_avx2(const T* logits, const std::int64_t* targets, const float* lse, std::int64_t first,
-                                 std::int64_t last, std::int64_t c, std::int64_t ignore_index, float scale, T* grad) {
-  cross_entropy_backward_range<8>(logits, targets, lse, first, last, c, ignore_index, scale, grad);
+void cross_entropy_backward_avx2(const T* logits, const std::int64_t* targets, const row_normaliser* norm,
+                                 std::int64_t first, std::int64_t last, std::int64_t c, std::int64_t ignore_index,
+                                 float scale, T* grad) {
+  cross_entropy_backward_range<8>(logits, targets, norm, first, last, c, ignore_index, scale, grad);
 }
 #pragma GCC pop_options
 #endif
@@ -187,7 +201,7 @@ void with_float_or_bf16(const torch::Tensor& logits, F&& f) {
 // In the arithmetic's dtype (fp32, or fp64 for fp64 logits), on the logits' device.
 struct cross_entropy_forward_result {
   torch::Tensor loss;    // scalar
-  torch::Tensor lse;     // [rows]
+  torch::Tensor norm;    // [rows, 2]: each row's max m and log(sum exp(x - m)), as row_normaliser
   torch::Tensor scored;  // scalar: the rows not ignored, by which backward divides
 };
 
@@ -200,20 +214,20 @@ struct cross_entropy_forward_result {
 inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
                                                               std::int64_t ignore_index) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
-  auto lse = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+  auto norm = torch::empty({rows, 2}, logits.options().dtype(torch::kFloat32));
   std::vector<double> loss(static_cast<std::size_t>(rows));
   std::int64_t first_bad = rows;
   std::mutex bad_mutex;
   with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
     const auto* t = targets.data_ptr<std::int64_t>();
-    auto* l = lse.data_ptr<float>();
+    auto* n = reinterpret_cast<row_normaliser*>(norm.data_ptr<float>());
     at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
       std::int64_t bad = -1;
 #ifdef KILN_GCC_X86
-      if (cpu_has_avx2()) cross_entropy_forward_avx2(x, t, first, last, c, ignore_index, l, loss.data(), bad);
+      if (cpu_has_avx2()) cross_entropy_forward_avx2(x, t, first, last, c, ignore_index, n, loss.data(), bad);
       else
 #endif
-        cross_entropy_forward_range<4>(x, t, first, last, c, ignore_index, l, loss.data(), bad);
+        cross_entropy_forward_range<4>(x, t, first, last, c, ignore_index, n, loss.data(), bad);
       if (bad >= 0) {
         std::lock_guard lock(bad_mutex);
         first_bad = std::min(first_bad, bad);
@@ -232,22 +246,22 @@ inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tenso
   // No scored row: 0 / 0, NaN, as LibTorch's mean over nothing.
   const double mean = scored > 0 ? sum / static_cast<double>(scored) : std::numeric_limits<double>::quiet_NaN();
   const auto scalar = logits.options().dtype(torch::kFloat32);
-  return {torch::full({}, mean, scalar), lse, torch::full({}, static_cast<double>(scored), scalar)};
+  return {torch::full({}, mean, scalar), norm, torch::full({}, static_cast<double>(scored), scalar)};
 }
 
 inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
-                                                const torch::Tensor& lse, std::int64_t ignore_index, float scale) {
+                                                const torch::Tensor& norm, std::int64_t ignore_index, float scale) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
   auto grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
   with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
     const auto* t = targets.data_ptr<std::int64_t>();
-    const auto* l = lse.data_ptr<float>();
+    const auto* n = reinterpret_cast<const row_normaliser*>(norm.data_ptr<float>());
     auto* g = static_cast<scalar_t*>(grad.data_ptr());
     at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
-      if (cpu_has_avx2()) return cross_entropy_backward_avx2(x, t, l, first, last, c, ignore_index, scale, g);
+      if (cpu_has_avx2()) return cross_entropy_backward_avx2(x, t, n, first, last, c, ignore_index, scale, g);
 #endif
-      cross_entropy_backward_range<4>(x, t, l, first, last, c, ignore_index, scale, g);
+      cross_entropy_backward_range<4>(x, t, n, first, last, c, ignore_index, scale, g);
     });
   });
   return grad;
