@@ -137,6 +137,22 @@ TEST_SUITE("cross_entropy") {
     check_width.operator()<8>();
   }
 
+  TEST_CASE("fp16 logits: fused on the CPU, an fp32 loss, an fp16 gradient rounded from the fp32 one") {
+    torch::manual_seed(5);
+    const auto logits = (2.0 * torch::randn({61, 70})).to(torch::kHalf).requires_grad_(true);
+    const auto targets = some_ignored_targets(61, 70);
+    const auto ref = libtorch_cross_entropy(logits, targets);
+    const auto loss = kiln::models::cross_entropy(logits, targets);
+    CHECK((loss.scalar_type() == torch::kFloat32));
+    CHECK(loss.item<double>() == doctest::Approx(ref.loss).epsilon(1e-6));
+    loss.backward();
+    CHECK((logits.grad().scalar_type() == torch::kHalf));
+    // within half an fp16 ulp (2^-11 relative; subnormals 2^-25 absolute) of the exact gradient, plus fp32 rounding
+    CHECK(((logits.grad().to(torch::kFloat64) - ref.grad).abs() <= ref.grad.abs() * (1.0 / 2048 + 1e-6) + 3e-8)
+              .all()
+              .item<bool>());
+  }
+
   TEST_CASE("fp64 logits take the LibTorch-op path and agree to fp64 rounding") {
     torch::manual_seed(2);
     const auto logits = (5.0 * torch::randn({97, 13}, torch::kFloat64)).requires_grad_(true);
@@ -206,7 +222,7 @@ TEST_SUITE("cross_entropy") {
 
   TEST_CASE("nothing as large as the logits is kept for backward: two fp32 numbers per row") {
     const std::int64_t rows = 512, classes = 256;
-    for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
       const auto logits = torch::randn({rows, classes}).to(dtype).requires_grad_(true);
       const auto targets = torch::randint(classes, {rows}, torch::kLong);
       auto held_by = [&](auto&& loss_of) {

@@ -90,14 +90,14 @@ TEST_SUITE("dropout") {
 
   // A process uses one width (8 lanes with AVX2, else 4): both are run here directly, so the one a
   // machine without AVX2 dispatches to is checked on every machine.
-  TEST_CASE("the 4-lane and 8-lane kernels keep the documented elements, in fp32 and bf16") {
+  TEST_CASE("the 4-lane and 8-lane kernels keep the documented elements, in fp32, bf16 and fp16") {
     const std::int64_t n = 32 * 40 + 7;  // whole groups and a partial one
     const std::int64_t groups = (n + d::dropout_group_size - 1) / d::dropout_group_size;
     const auto key = key_after_seed(5);
     torch::manual_seed(5);
     const auto mask = d::draw_dropout_mask(0.3);
     const auto keep = as_tensor(expected_keep(key, n, 0.3)).to(torch::kBool);
-    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
       const std::string dtype_name = c10::toString(dtype);
       CAPTURE(dtype_name);
       const auto x = (torch::randn({n}) + 3.0).to(dtype);
@@ -106,17 +106,20 @@ TEST_SUITE("dropout") {
       if (dtype == torch::kFloat32) {
         d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<float>(), narrow.data_ptr<float>());
         d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<float>(), wide.data_ptr<float>());
-      } else {
+      } else if (dtype == torch::kBFloat16) {
         d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<c10::BFloat16>(), narrow.data_ptr<c10::BFloat16>());
         d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<c10::BFloat16>(), wide.data_ptr<c10::BFloat16>());
+      } else {
+        d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<c10::Half>(), narrow.data_ptr<c10::Half>());
+        d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<c10::Half>(), wide.data_ptr<c10::Half>());
       }
       CHECK(torch::equal(narrow, expected));
       CHECK(torch::equal(wide, expected));
     }
   }
 
-  TEST_CASE("the gradient is the incoming gradient masked and scaled the same way, in fp32 and bf16") {
-    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+  TEST_CASE("the gradient is the incoming gradient masked and scaled the same way, in fp32, bf16 and fp16") {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
       const std::string dtype_name = c10::toString(dtype);
       CAPTURE(dtype_name);
       torch::manual_seed(3);

@@ -13,6 +13,9 @@
 // baseline alone.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -62,36 +65,91 @@ using u8_vec = typename lanes<Width>::u8;
 template <class V>
 inline constexpr int width_of = sizeof(V) / sizeof(float);
 
-// One vector of fp32 from storage of float or bf16 (widened: bf16 is fp32's upper half).
-template <class V, class T>
-[[gnu::always_inline]] inline V load(const T* src) {
-  constexpr int width = width_of<V>;
-  V out;
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(&out, src, sizeof(V));
-  } else {
-    u16_vec<width> half;
-    std::memcpy(&half, src, sizeof(half));
-    const u32_vec<width> bits = __builtin_convertvector(half, u32_vec<width>) << 16;
-    std::memcpy(&out, &bits, sizeof(V));
-  }
-  return out;
+// The storage types the loads and stores take.
+template <class T>
+inline constexpr bool is_lane_storage =
+    std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+
+// A vector's bits as another vector type of the same size.
+template <class To, class From>
+[[gnu::always_inline]] inline To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
 }
 
-// One vector of fp32 into storage of float or bf16 (rounded to nearest even, NaN to 0x7FC0, as
-// c10::BFloat16 does).
+// IEEE binary16 bits (in the low half of each lane) to fp32, exactly; the branch-free algorithm
+// of Marat Dukhan's FP16 library, which c10::Half's software conversion is, done lane by lane.
+template <class V>
+[[gnu::always_inline]] inline V widen_half(const u32_vec<width_of<V>>& h) {
+  using U = u32_vec<width_of<V>>;
+  const U w = h << 16;
+  const U sign = w & 0x80000000u;
+  const U two_w = w + w;
+  // Normal numbers, infinities and NaN: re-bias the exponent by 112, then scale by 2^-112.
+  const V normalized = bits_as<V>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  // Subnormals: the mantissa placed under an exponent of 2^-1, less 0.5.
+  const V subnormal = bits_as<V>((two_w >> 17) | (126u << 23)) - 0.5f;
+  return bits_as<V>(sign | (two_w < (1u << 27) ? bits_as<U>(subnormal) : bits_as<U>(normalized)));
+}
+
+// fp32 to binary16 bits (in the low half of each lane), rounded to nearest even, overflow to
+// infinity, NaN to 0x7E00: c10::Half's software conversion, lane by lane. The rounding is done
+// by the FPU: adding 2^(e+13) (e: the value's exponent, at least -14) leaves exactly the bits
+// binary16 keeps, rounded as fp32 addition rounds.
+template <class V>
+[[gnu::always_inline]] inline u32_vec<width_of<V>> narrow_to_half(const V& f) {
+  using U = u32_vec<width_of<V>>;
+  const U w = bits_as<U>(f);
+  const U shl1_w = w + w;
+  const U sign = w & 0x80000000u;
+  // |f| scaled up by 2^112 and down by 2^-110: infinity for values binary16 cannot hold.
+  const V magnitude = bits_as<V>(w & 0x7FFFFFFFu) * 0x1.0p+112f * 0x1.0p-110f;
+  U bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? U{} + 0x71000000u : bias;
+  const U bits = bits_as<U>(bits_as<V>((bias >> 1) + 0x07800000u) + magnitude);
+  const U nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  return (sign >> 16) | (shl1_w > 0xFF000000u ? U{} + 0x7E00u : nonsign);
+}
+
+// One vector of fp32 from storage of float, bf16 (widened: bf16 is fp32's upper half) or fp16.
+template <class V, class T>
+[[gnu::always_inline]] inline V load(const T* src) {
+  static_assert(is_lane_storage<T>, "kiln's vector loops take float, c10::BFloat16 or c10::Half storage");
+  constexpr int width = width_of<V>;
+  if constexpr (std::is_same_v<T, float>) {
+    V out;
+    std::memcpy(&out, src, sizeof(V));
+    return out;
+  } else {
+    u16_vec<width> narrow;
+    std::memcpy(&narrow, src, sizeof(narrow));
+    const u32_vec<width> bits = __builtin_convertvector(narrow, u32_vec<width>);
+    if constexpr (std::is_same_v<T, c10::BFloat16>) return bits_as<V>(bits << 16);
+    else return widen_half<V>(bits);
+  }
+}
+
+// One vector of fp32 into storage of float, bf16 (rounded to nearest even, NaN to 0x7FC0, as
+// c10::BFloat16 does) or fp16 (rounded as c10::Half does: narrow_to_half).
 template <class V, class T>
 [[gnu::always_inline]] inline void store(T* dst, const V& x) {
+  static_assert(is_lane_storage<T>, "kiln's vector loops take float, c10::BFloat16 or c10::Half storage");
   constexpr int width = width_of<V>;
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, &x, sizeof(V));
   } else {
     u32_vec<width> bits;
-    std::memcpy(&bits, &x, sizeof(V));
-    bits = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
-    bits = x != x ? u32_vec<width>{} + 0x7FC0u : bits;
-    const u16_vec<width> half = __builtin_convertvector(bits, u16_vec<width>);
-    std::memcpy(dst, &half, sizeof(half));
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      bits = bits_as<u32_vec<width>>(x);
+      bits = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+      bits = x != x ? u32_vec<width>{} + 0x7FC0u : bits;
+    } else {
+      bits = narrow_to_half(x);
+    }
+    const u16_vec<width> narrow = __builtin_convertvector(bits, u16_vec<width>);
+    std::memcpy(dst, &narrow, sizeof(narrow));
   }
 }
 

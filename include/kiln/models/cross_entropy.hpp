@@ -14,9 +14,9 @@
 //    softmax from them, where LibTorch keeps
 //    fp32 log-probabilities as large as the logits. For a language model the logits are the
 //    largest activation, and the saving is taken at the end of forward, the step's peak;
-//  - on the CPU, for fp32 and bf16 logits, forward and backward are each one vectorised,
+//  - on the CPU, for fp32, bf16 and fp16 logits, forward and backward are each one vectorised,
 //    multi-threaded pass over the logits (detail/cross_entropy_kernel.hpp). Elsewhere (CUDA,
-//    fp16, fp64) the same scheme runs as LibTorch ops over blocks of rows.
+//    fp64) the same scheme runs as LibTorch ops over blocks of rows.
 #pragma once
 
 #include <ATen/record_function.h>

@@ -6,13 +6,13 @@
 //
 // Same semantics as LibTorch's dropout: each element kept with probability 1 - p and scaled by
 // 1 / (1 - p), the gradient masked and scaled the same way, the identity in eval mode or at
-// p = 0. What differs is how: on the CPU for fp32 and bf16 tensors the mask comes from a
+// p = 0. What differs is how: on the CPU for fp32, bf16 and fp16 tensors the mask comes from a
 // counter-based generator in one vectorised, multi-threaded pass, and backward recomputes it
 // from a 64-bit key rather than keeping it, where LibTorch keeps a mask as wide as the input
 // (detail/dropout_kernel.hpp says why and how). The masks are
 // drawn from LibTorch's CPU generator, so torch::manual_seed reproduces them and checkpointing
 // recomputes them, but they are not the masks LibTorch's own dropout would draw for that seed.
-// Other devices and dtypes (CUDA, whose dropout is already one fused kernel; fp16; fp64) use
+// Other devices and dtypes (CUDA, whose dropout is already one fused kernel; fp64) use
 // LibTorch's dropout.
 #pragma once
 

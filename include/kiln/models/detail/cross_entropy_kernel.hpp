@@ -24,6 +24,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -185,17 +186,19 @@ void cross_entropy_backward_avx2(const T* logits, const std::int64_t* targets, c
 // Rows per thread chunk: about 2^15 logits, as kiln's other loops.
 inline std::int64_t cross_entropy_grain_rows(std::int64_t c) { return std::max<std::int64_t>(1, (1 << 15) / c); }
 
-// Whether the fused kernels take these logits ([rows, classes], contiguous, fp32 or bf16 on the
-// CPU); others go through the same recomputing scheme in LibTorch ops (detail/..., below).
+// Whether the fused kernels take these logits ([rows, classes], contiguous, fp32, bf16 or fp16 on
+// the CPU); others go through the same recomputing scheme in LibTorch ops (cross_entropy.hpp).
 inline bool fused_cross_entropy_applies(const torch::Tensor& logits) {
-  return logits.device().is_cpu() && (logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16);
+  const auto dtype = logits.scalar_type();
+  return logits.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf);
 }
 
-// f(data) with the logits' data as float or c10::BFloat16 (the two dtypes the kernels take).
+// f(data) with the logits' data as float, c10::BFloat16 or c10::Half (the dtypes the kernels take).
 template <class F>
-void with_float_or_bf16(const torch::Tensor& logits, F&& f) {
+void with_fused_storage(const torch::Tensor& logits, F&& f) {
   if (logits.scalar_type() == torch::kFloat32) f(logits.data_ptr<float>());
-  else f(logits.data_ptr<c10::BFloat16>());
+  else if (logits.scalar_type() == torch::kBFloat16) f(logits.data_ptr<c10::BFloat16>());
+  else f(logits.data_ptr<c10::Half>());
 }
 
 // In the arithmetic's dtype (fp32, or fp64 for fp64 logits), on the logits' device.
@@ -210,7 +213,7 @@ struct cross_entropy_forward_result {
                           " is outside [0, " + std::to_string(classes) + ") and is not the ignore_index");
 }
 
-// logits [rows, c] contiguous fp32/bf16 on the CPU, targets int64 [rows] contiguous.
+// logits [rows, c] contiguous fp32/bf16/fp16 on the CPU, targets int64 [rows] contiguous.
 inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tensor& logits, const torch::Tensor& targets,
                                                               std::int64_t ignore_index) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
@@ -218,7 +221,7 @@ inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tenso
   std::vector<double> loss(static_cast<std::size_t>(rows));
   std::int64_t first_bad = rows;
   std::mutex bad_mutex;
-  with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
+  with_fused_storage(logits, [&]<class scalar_t>(const scalar_t* x) {
     const auto* t = targets.data_ptr<std::int64_t>();
     auto* n = reinterpret_cast<row_normaliser*>(norm.data_ptr<float>());
     at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
@@ -253,7 +256,7 @@ inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, con
                                                 const torch::Tensor& norm, std::int64_t ignore_index, float scale) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
   auto grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
-  with_float_or_bf16(logits, [&]<class scalar_t>(const scalar_t* x) {
+  with_fused_storage(logits, [&]<class scalar_t>(const scalar_t* x) {
     const auto* t = targets.data_ptr<std::int64_t>();
     const auto* n = reinterpret_cast<const row_normaliser*>(norm.data_ptr<float>());
     auto* g = static_cast<scalar_t*>(grad.data_ptr());

@@ -32,6 +32,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/torch.h>
 
 #include "kiln/detail/simd.hpp"
@@ -189,7 +190,8 @@ void masked_scale_loop(const dropout_mask& m, std::int64_t n, const T* in, T* ou
 
 // Whether the fused kernels take this tensor; others go to LibTorch's dropout.
 inline bool fused_dropout_applies(const torch::Tensor& x) {
-  return x.device().is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16);
+  const auto dtype = x.scalar_type();
+  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf);
 }
 
 // A fresh mask for dropout probability p (0 < p < 1): its key comes from LibTorch's default CPU
@@ -207,15 +209,17 @@ inline dropout_mask draw_dropout_mask(double p) {
           .scale = static_cast<float>(1.0 / (1.0 - p))};
 }
 
-// `in` (CPU, fp32 or bf16) with the mask applied, as a new contiguous tensor of its dtype: the
+// `in` (CPU, fp32, bf16 or fp16) with the mask applied, as a new contiguous tensor of its dtype: the
 // forward with in = x, the backward with in = the output's gradient.
 inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropout_mask& m) {
   const auto in = input.contiguous();
   auto out = torch::empty_like(in, torch::MemoryFormat::Contiguous);
   if (in.scalar_type() == torch::kFloat32)
     masked_scale_loop(m, in.numel(), in.data_ptr<float>(), out.data_ptr<float>());
-  else
+  else if (in.scalar_type() == torch::kBFloat16)
     masked_scale_loop(m, in.numel(), in.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
+  else
+    masked_scale_loop(m, in.numel(), in.data_ptr<c10::Half>(), out.data_ptr<c10::Half>());
   return out;
 }
 
