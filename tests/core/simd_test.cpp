@@ -94,6 +94,23 @@ std::vector<float> rounding_probes() {
   return probes;
 }
 
+// rounding_probes() through store<V> into T at 4 and at 8 lanes against c10's conversion
+// (expected_bits), NaN to any NaN (is_nan): how many lanes differ, the first few reported.
+template <class T>
+int narrowing_mismatches(std::uint16_t (*expected_bits)(float), bool (*is_nan)(std::uint16_t)) {
+  const auto probes = rounding_probes();
+  const auto narrow_lanes = narrowed<4, T>(probes), wide_lanes = narrowed<8, T>(probes);
+  int mismatches = 0;
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    const std::uint16_t expected = expected_bits(probes[i]);
+    for (const std::uint16_t got : {narrow_lanes[i], wide_lanes[i]}) {
+      const bool same = std::isnan(probes[i]) ? is_nan(got) : got == expected;
+      if (!same && ++mismatches <= 5) CHECK_MESSAGE(same, "float ", probes[i], ": expected ", expected, ", got ", got);
+    }
+  }
+  return mismatches;
+}
+
 }  // namespace
 
 TEST_SUITE("simd") {
@@ -113,17 +130,7 @@ TEST_SUITE("simd") {
   }
 
   TEST_CASE("fp32 lanes narrow to fp16 bits as c10::Half rounds them, at 4 and 8 lanes") {
-    const auto probes = rounding_probes();
-    const auto narrow_lanes = narrowed<4, c10::Half>(probes), wide_lanes = narrowed<8, c10::Half>(probes);
-    int mismatches = 0;
-    for (std::size_t i = 0; i < probes.size(); ++i) {
-      const std::uint16_t expected = half_bits_of(probes[i]);
-      for (const std::uint16_t got : {narrow_lanes[i], wide_lanes[i]}) {
-        const bool same = std::isnan(probes[i]) ? is_half_nan(got) : got == expected;
-        if (!same && ++mismatches <= 5) CHECK_MESSAGE(same, "float ", probes[i], ": expected ", expected, ", got ", got);
-      }
-    }
-    CHECK(mismatches == 0);
+    CHECK(narrowing_mismatches<c10::Half>(half_bits_of, is_half_nan) == 0);
     // The rule itself, independently of c10: ties go to the even neighbour, overflow to infinity.
     CHECK(narrowed<4, c10::Half>({1.0f + std::ldexp(1.0f, -11)})[0] == 0x3C00u);         // tie: down to even
     CHECK(narrowed<4, c10::Half>({1.0f + 3 * std::ldexp(1.0f, -11)})[0] == 0x3C02u);     // tie: up to even
@@ -134,16 +141,6 @@ TEST_SUITE("simd") {
   }
 
   TEST_CASE("fp32 lanes narrow to bf16 bits as c10::BFloat16 rounds them, at 4 and 8 lanes") {
-    const auto probes = rounding_probes();
-    const auto narrow_lanes = narrowed<4, c10::BFloat16>(probes), wide_lanes = narrowed<8, c10::BFloat16>(probes);
-    int mismatches = 0;
-    for (std::size_t i = 0; i < probes.size(); ++i) {
-      const std::uint16_t expected = bf16_bits_of(probes[i]);
-      for (const std::uint16_t got : {narrow_lanes[i], wide_lanes[i]}) {
-        const bool same = std::isnan(probes[i]) ? is_bf16_nan(got) : got == expected;
-        if (!same && ++mismatches <= 5) CHECK_MESSAGE(same, "float ", probes[i], ": expected ", expected, ", got ", got);
-      }
-    }
-    CHECK(mismatches == 0);
+    CHECK(narrowing_mismatches<c10::BFloat16>(bf16_bits_of, is_bf16_nan) == 0);
   }
 }

@@ -13,11 +13,14 @@
 // baseline alone.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 // GCC on x86-64: the baseline is SSE2, and an AVX2 copy is chosen at run time.
@@ -69,6 +72,20 @@ inline constexpr int width_of = sizeof(V) / sizeof(float);
 template <class T>
 inline constexpr bool is_lane_storage =
     std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+
+// The same, as a tensor's dtype: the tensors a fused kernel can take.
+inline bool is_lane_dtype(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Float || dtype == c10::ScalarType::BFloat16 || dtype == c10::ScalarType::Half;
+}
+
+// f(std::type_identity<T>{}) with T the storage type of `dtype`, one is_lane_dtype accepts.
+template <class F>
+void with_lane_storage(c10::ScalarType dtype, F&& f) {
+  if (dtype == c10::ScalarType::Float) f(std::type_identity<float>{});
+  else if (dtype == c10::ScalarType::BFloat16) f(std::type_identity<c10::BFloat16>{});
+  else if (dtype == c10::ScalarType::Half) f(std::type_identity<c10::Half>{});
+  else throw std::invalid_argument(std::string("kiln: no vector loop takes ") + c10::toString(dtype) + " tensors");
+}
 
 // A vector's bits as another vector type of the same size.
 template <class To, class From>

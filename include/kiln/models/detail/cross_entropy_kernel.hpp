@@ -158,7 +158,7 @@ template <int Width, class T>
     const std::int64_t t = targets[r];
     const float s = t == ignore_index ? 0.0f : scale;
     const float m = norm[r].max, log_sum = norm[r].log_sum;
-    auto p = [&](float x) { return exp_one<Width>((x - m) - log_sum); };
+    auto p = [&](float x) __attribute__((always_inline)) { return exp_one<Width>((x - m) - log_sum); };
     for (std::int64_t i = 0; i < body; i += Width) store<V>(out + i, exp_lanes((load<V>(row + i) - m) - log_sum) * s);
     for (std::int64_t i = body; i < c; ++i) out[i] = static_cast<T>(p(static_cast<float>(row[i])) * s);
     if (t != ignore_index) out[t] = static_cast<T>((p(static_cast<float>(row[t])) - 1.0f) * s);
@@ -189,16 +189,7 @@ inline std::int64_t cross_entropy_grain_rows(std::int64_t c) { return std::max<s
 // Whether the fused kernels take these logits ([rows, classes], contiguous, fp32, bf16 or fp16 on
 // the CPU); others go through the same recomputing scheme in LibTorch ops (cross_entropy.hpp).
 inline bool fused_cross_entropy_applies(const torch::Tensor& logits) {
-  const auto dtype = logits.scalar_type();
-  return logits.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf);
-}
-
-// f(data) with the logits' data as float, c10::BFloat16 or c10::Half (the dtypes the kernels take).
-template <class F>
-void with_fused_storage(const torch::Tensor& logits, F&& f) {
-  if (logits.scalar_type() == torch::kFloat32) f(logits.data_ptr<float>());
-  else if (logits.scalar_type() == torch::kBFloat16) f(logits.data_ptr<c10::BFloat16>());
-  else f(logits.data_ptr<c10::Half>());
+  return logits.device().is_cpu() && is_lane_dtype(logits.scalar_type());
 }
 
 // In the arithmetic's dtype (fp32, or fp64 for fp64 logits), on the logits' device.
@@ -221,7 +212,8 @@ inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tenso
   std::vector<double> loss(static_cast<std::size_t>(rows));
   std::int64_t first_bad = rows;
   std::mutex bad_mutex;
-  with_fused_storage(logits, [&]<class scalar_t>(const scalar_t* x) {
+  with_lane_storage(logits.scalar_type(), [&]<class scalar_t>(std::type_identity<scalar_t>) {
+    const auto* x = logits.data_ptr<scalar_t>();
     const auto* t = targets.data_ptr<std::int64_t>();
     auto* n = reinterpret_cast<row_normaliser*>(norm.data_ptr<float>());
     at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
@@ -256,10 +248,11 @@ inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, con
                                                 const torch::Tensor& norm, std::int64_t ignore_index, float scale) {
   const std::int64_t rows = logits.size(0), c = logits.size(1);
   auto grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
-  with_fused_storage(logits, [&]<class scalar_t>(const scalar_t* x) {
+  with_lane_storage(logits.scalar_type(), [&]<class scalar_t>(std::type_identity<scalar_t>) {
+    const auto* x = logits.data_ptr<scalar_t>();
     const auto* t = targets.data_ptr<std::int64_t>();
     const auto* n = reinterpret_cast<const row_normaliser*>(norm.data_ptr<float>());
-    auto* g = static_cast<scalar_t*>(grad.data_ptr());
+    auto* g = grad.data_ptr<scalar_t>();
     at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
       if (cpu_has_avx2()) return cross_entropy_backward_avx2(x, t, n, first, last, c, ignore_index, scale, g);

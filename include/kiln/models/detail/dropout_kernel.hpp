@@ -190,8 +190,7 @@ void masked_scale_loop(const dropout_mask& m, std::int64_t n, const T* in, T* ou
 
 // Whether the fused kernels take this tensor; others go to LibTorch's dropout.
 inline bool fused_dropout_applies(const torch::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf);
+  return x.device().is_cpu() && is_lane_dtype(x.scalar_type());
 }
 
 // A fresh mask for dropout probability p (0 < p < 1): its key comes from LibTorch's default CPU
@@ -214,12 +213,9 @@ inline dropout_mask draw_dropout_mask(double p) {
 inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropout_mask& m) {
   const auto in = input.contiguous();
   auto out = torch::empty_like(in, torch::MemoryFormat::Contiguous);
-  if (in.scalar_type() == torch::kFloat32)
-    masked_scale_loop(m, in.numel(), in.data_ptr<float>(), out.data_ptr<float>());
-  else if (in.scalar_type() == torch::kBFloat16)
-    masked_scale_loop(m, in.numel(), in.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
-  else
-    masked_scale_loop(m, in.numel(), in.data_ptr<c10::Half>(), out.data_ptr<c10::Half>());
+  with_lane_storage(in.scalar_type(), [&]<class T>(std::type_identity<T>) {
+    masked_scale_loop(m, in.numel(), in.data_ptr<T>(), out.data_ptr<T>());
+  });
   return out;
 }
 
