@@ -12,7 +12,6 @@ their difference is the all-reduce time backward does not hide (plus waiting for
 """
 import argparse
 import json
-import math
 import os
 import socket
 import statistics
@@ -22,57 +21,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from gpt_model import GPT  # noqa: E402  (kiln's gpt, shared by the Python benchmarks)
+
 VOCAB, SEQ, D, LAYERS, HEADS, DROPOUT, BATCH = 256, 128, 128, 4, 4, 0.1, 16
-
-
-class Block(nn.Module):
-    def __init__(self, d, heads, dropout):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(dropout)
-        # Not a buffer (DDP would broadcast it each forward, and Gloo has no bool): kiln's choice too.
-        self.mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        att = self.drop(torch.softmax(att.masked_fill(self.mask[:t, :t], float("-inf")), -1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
-        x = x + self.drop(self.proj(y))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=VOCAB, seq=SEQ, d=D, layers=LAYERS, heads=HEADS, dropout=DROPOUT):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-        self.drop = nn.Dropout(dropout)
-        for m in self.modules():  # GPT-2 initialisation, as kiln's gpt
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-        for b in self.blocks:
-            nn.init.normal_(b.proj.weight, 0.0, 0.02 / math.sqrt(2 * layers))
-            nn.init.normal_(b.out.weight, 0.0, 0.02 / math.sqrt(2 * layers))
-
-    def forward(self, x):
-        h = self.drop(self.tok(x) + self.pos(torch.arange(x.shape[1])))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln(h))
-
-
 KILN_PARAMETERS = 875264  # `kiln launch -n 2 recipes/ddp.toml` prints it
 
 
@@ -84,7 +38,7 @@ def rank_main(args):
     os.environ.setdefault("USE_LIBUV", "0")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = GPT()
+    model = GPT(VOCAB, SEQ, D, LAYERS, HEADS, DROPOUT)
     parameters = sum(p.numel() for p in model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
     # kiln's recipe: no weight decay on biases, LayerNorm gains and embeddings.

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from precision_bench import GPT  # noqa: E402  (same model code as the precision benchmark)
+from gpt_model import GPT  # noqa: E402  (kiln's gpt, shared by the Python benchmarks)
 
 
 def make_step(every):

@@ -7,50 +7,16 @@ with the median ms/step.
 """
 import argparse
 import json
-import math
 import statistics
+import sys
 import time
 import warnings
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, d, heads, dropout):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
-        att = self.drop(torch.softmax(att.masked_fill(mask, float("-inf")), -1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
-        x = x + self.drop(self.proj(y))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=64, seq=64, d=128, layers=4, heads=4, dropout=0.1):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        h = self.drop(self.tok(x) + self.pos(torch.arange(x.shape[1])))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln(h))
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from gpt_model import GPT  # noqa: E402  (kiln's gpt, shared by the Python benchmarks)
 
 
 AUTOCAST_DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -2,14 +2,12 @@
 // doctor, errors), a short quickstart training run with its run directory, and the catalog
 // lookup that reports a policy combination the binary does not contain.
 #include <atomic>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <kiln/cli.hpp>
@@ -18,35 +16,16 @@
 // CHECK macros would otherwise replace doctest's CHECK without a word.
 #include <doctest/doctest.h>
 
+#include "../cli_process.hpp"
 #include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
+using kiln::test::contains;
+using kiln::test::kiln_cli;
 using kiln::test::temp_dir;
-
-struct cli_result {
-  int status = -1;     // exit status; -1 when the process did not exit normally
-  std::string output;  // stdout and stderr together
-};
-
-// Runs `kiln ARGS` from the source tree (so recipes/... paths work), with OMP_WAIT_POLICY set
-// so that the CLI does not re-execute itself.
-cli_result kiln_cli(const std::string& args) {
-  const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE '" KILN_CLI "' " + args + " 2>&1";
-  cli_result result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::string read_file(const fs::path& file) {
   std::ifstream in(file);

@@ -5,10 +5,11 @@
 
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <fstream>
 #include <thread>
 #include <unistd.h>
+
+#include "../cli_process.hpp"
 
 namespace {
 
@@ -19,17 +20,6 @@ kiln::profiler::profiler_settings always_active() {
 kiln::models::mlp three_linear_layers() {
   torch::manual_seed(0);
   return kiln::models::mlp(kiln::models::mlp_settings{.in_features = 8, .hidden = {16, 16}, .classes = 3});
-}
-
-std::string run_cli(const std::string& args) {
-  const std::string command = std::string("OMP_WAIT_POLICY=PASSIVE ") + KILN_CLI + " " + args + " 2>&1";
-  std::string output;
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-    ::pclose(pipe);
-  }
-  return output;
 }
 
 }  // namespace
@@ -265,7 +255,9 @@ TEST_SUITE("profiler") {
                                         "[data]\nkind = \"synthetic-classification\"\nfeatures = 16\nclasses = 4\n"
                                         "batch_size = 32\ndelay_ms = 15\n"
                                         "[optimizer]\nkind = \"adamw\"\n";
-    auto out = run_cli("profile " + (dir / "slow.toml").string() + " --set run.dir=" + (dir / "run").string());
+    const auto out =
+        kiln::test::kiln_cli("profile " + (dir / "slow.toml").string() + " --set run.dir=" + (dir / "run").string())
+            .output;
     CHECK_MESSAGE(out.find("verdict: input-bound") != std::string::npos, out);
     CHECK(out.find("top operators by self time") != std::string::npos);
     CHECK(out.find("peak of a step") != std::string::npos);
@@ -318,7 +310,9 @@ TEST_SUITE("profiler") {
                                          "[data]\nkind = \"synthetic-classification\"\nfeatures = 16\nclasses = 4\n"
                                          "batch_size = 32\n[train]\nsteps = 8\n[optimizer]\nkind = \"adamw\"\n"
                                          "[profiler]\nkind = [\"trace\", \"phases\"]\nwait = 1\nwarmup = 1\nactive = 3\n";
-    auto out = run_cli("run " + (dir / "small.toml").string() + " --no-progress --set run.dir=" + (dir / "run").string());
+    const auto out = kiln::test::kiln_cli("run " + (dir / "small.toml").string() +
+                                          " --no-progress --set run.dir=" + (dir / "run").string())
+                         .output;
     CHECK_MESSAGE(out.find("=== kiln profile (trace+phases) ===") != std::string::npos, out);
     const auto profile = dir / "run" / "profile";
     for (const char* file : {"trace.json", "phases.csv", "report.html"}) CHECK_MESSAGE(std::filesystem::exists(profile / file), file);

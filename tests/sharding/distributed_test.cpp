@@ -18,29 +18,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include "../cli_process.hpp"
 #include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct cli_result {
-  int status = -1;
-  std::string output;
-};
-
-cli_result kiln_cli(const std::string& args, const std::string& cli = KILN_CLI) {
-  const std::string command = "cd '" KILN_SOURCE_DIR "' && OMP_WAIT_POLICY=PASSIVE '" + cli + "' " + args + " 2>&1";
-  cli_result result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using kiln::test::kiln_cli;
 
 // A small classification job; `sharding` and `optimizer` pick a combination the CLI has compiled
 // (from recipes/ddp.toml, local-sgd.toml, quickstart.toml and cnn.toml).
