@@ -16,12 +16,14 @@
 // CHECK macros would otherwise replace doctest's CHECK without a word.
 #include <doctest/doctest.h>
 
+#include "../cli_process.hpp"
 #include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
+using kiln::test::contains;
 using kiln::test::temp_dir;
 
 // The message of the config_error that `f` throws ("" when it throws nothing).
@@ -147,7 +149,8 @@ TEST_CASE("a value of the wrong type names the key, the expected and the given t
   SUBCASE("arrays are checked element by element") {
     auto f = dir.write("f.toml", head + "[model]\nhidden = [16, \"x\"]\n");
     CHECK_THROWS_WITH_AS(kiln::load_recipe(f),
-                         doctest::Contains("model.hidden: expected an array of integers, got an array"),
+                         doctest::Contains("model.hidden: expected an array of integers, got an array whose element 1 "
+                                           "is a string ('x')"),
                          kiln::config_error);
   }
   SUBCASE("a boolean is no string") {
@@ -203,6 +206,21 @@ TEST_CASE("a policy kind that does not exist lists the kinds of its axis") {
   const auto message = error_of([&] { kiln::load_recipe(file); });
   CHECK(message.find("\"sgd\"") != std::string::npos);
   CHECK(message.find("\"adamw\"") != std::string::npos);
+}
+
+TEST_CASE("a list of profilers is read in one order and each wrong element is named") {
+  temp_dir dir("profiler_list");
+  auto listed = [&](const std::string& list) { return dir.write("p.toml", head + "[profiler]\nkind = " + list + "\n"); };
+  CHECK(kiln::load_recipe(listed("[\"phases\", \"memory\", \"ops\"]")).kinds[5] == "ops+memory+phases");
+  CHECK(kiln::load_recipe(listed("[\"memory\"]")).kinds[5] == "memory");
+  const auto error_for = [&](const std::string& list) { return error_of([&] { kiln::load_recipe(listed(list)); }); };
+  CHECK(contains(error_for("[\"ops\", 3]"),
+                 "p.toml:4: profiler.kind: expected an array of strings, got an array whose element 1 is an integer (3)"));
+  CHECK(contains(error_for("[\"ops\", \"none\"]"), "profiler.kind: \"none\" cannot be combined with other profilers"));
+  CHECK(contains(error_for("[\"ops\", \"opps\"]"), "profiler.kind: \"opps\" is not a profiler (did you mean \"ops\"?); a list takes \"ops\", \"trace\", "
+                 "\"memory\", \"phases\""));
+  CHECK(contains(error_for("[\"ops\", \"ops\"]"), "profiler.kind: \"ops\" is listed twice"));
+  CHECK(contains(error_for("[]"), "profiler.kind: an empty list; use kind = \"none\" for no profiler"));
 }
 
 TEST_CASE("an axis table's alternatives are kinds of its axis, checked with file:line, and no setting of the policy") {
@@ -393,9 +411,8 @@ TEST_CASE("the shipped recipes load and their policy kinds resolve") {
     for (std::size_t i = 0; i < kiln::axis_names.size(); ++i)
       CHECK_NOTHROW(kiln::policy_type(kiln::axis_names[i], r.kinds[i]));
     // Every shipped recipe is compiled into the CLI and reads strictly through its policies' settings.
-    const auto check = std::string("OMP_WAIT_POLICY=PASSIVE ") + KILN_CLI + " check " + entry.path().string() +
-                       " > /dev/null 2>&1";
-    CHECK(std::system(check.c_str()) == 0);
+    const auto check = kiln::test::kiln_cli("check '" + entry.path().string() + "'");
+    CHECK_MESSAGE(check.status == 0, check.output);
   }
   CHECK(count >= 2);
 }

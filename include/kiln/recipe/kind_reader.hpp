@@ -26,10 +26,21 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
     std::set<std::string> chosen;
     for (const auto& element : *node.as_array()) {
       auto name = element.value<std::string>();
-      if (!name) throw config_error(where + ": " + key + ": expected an array of strings");
+      if (!name)
+        throw config_error(where + ": " + key + ": expected an array of strings, got " +
+                           mismatch_text<std::vector<std::string>>(node));
       if (*name == "none") throw config_error(where + ": " + key + ": \"none\" cannot be combined with other profilers");
-      if (!find_policy_kind(axis, *name))
-        throw config_error(where + ": " + key + ": \"" + *name + "\" is not a profiler; expected " + kinds_on_axis(axis));
+      if (!find_policy_kind(axis, *name)) {
+        std::vector<std::string> listable;  // what a list may hold: every profiler but "none"
+        std::string text;
+        for (const auto& k : policy_kinds)
+          if (k.axis == axis && k.kind != "none") {
+            listable.emplace_back(k.kind);
+            text += (text.empty() ? "\"" : ", \"") + listable.back() + "\"";
+          }
+        throw config_error(where + ": " + key + ": \"" + *name + "\" is not a profiler" + did_you_mean(*name, listable) +
+                           "; a list takes " + text);
+      }
       if (!chosen.insert(*name).second) throw config_error(where + ": " + key + ": \"" + *name + "\" is listed twice");
     }
     if (chosen.empty()) throw config_error(where + ": " + key + ": an empty list; use kind = \"none\" for no profiler");

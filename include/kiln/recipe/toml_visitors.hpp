@@ -126,6 +126,24 @@ bool convert(const toml::node& node, T& out) {
   }
 }
 
+// What a node that convert() refused is, for the error: its type and value, and for an array
+// the first element of the wrong type, which in a long list is what the reader is looking for.
+template <class T>
+std::string mismatch_text(const toml::node& node) {
+  if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string>) {
+    if (const auto* array = node.as_array()) {
+      for (std::size_t i = 0; i < array->size(); ++i) {
+        typename T::value_type ignored{};
+        const toml::node& element = *array->get(i);
+        if (!convert_scalar(element, ignored))
+          return "an array whose element " + std::to_string(i) + " is " + toml_type_name(element) + " (" +
+                 toml_value_text(element) + ")";
+      }
+    }
+  }
+  return toml_type_name(node) + " (" + toml_value_text(node) + ")";
+}
+
 // Reads one TOML table into a settings struct through its describe().
 class toml_reader {
  public:
@@ -146,7 +164,7 @@ class toml_reader {
     const auto where = sources_->where(dotted, node->source());
     if (!convert(*node, value))
       throw config_error(where + ": " + dotted + ": expected " + expected_type_name<T>() + ", got " +
-                         toml_type_name(*node) + " (" + toml_value_text(*node) + ")");
+                         mismatch_text<T>(*node));
     if (auto error = check(value))
       throw config_error(where + ": " + dotted + " = " + toml_value_text(*node) + ": " + *error);
   }
