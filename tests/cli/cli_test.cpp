@@ -161,6 +161,21 @@ TEST_CASE("kiln run and check stop on a bad recipe with file:line") {
     CHECK(r.status == 1);
     CHECK(contains(r.output, "kiln: error: --set data.batch_size=-1: data.batch_size = -1: expected a value > 0"));
   }
+  SUBCASE("a dataset that is not there names the recipe line or the --set that pointed to it") {
+    auto file = dir.write("data.toml", "[recipe]\nname = \"data\"\n[data]\nkind = \"fashion-mnist\"\n"
+                                       "path = \"/nonexistent/fmnist\"\n");
+    auto r = kiln_cli("run " + quoted(file) + " --no-progress --set run.dir=" + quoted(dir.path / "never"));
+    CAPTURE(r.output);
+    CHECK(r.status == 1);
+    CHECK(contains(r.output, "data.toml:5: [data] kind = \"fashion-mnist\", path = \"/nonexistent/fmnist\": fashion-mnist: "));
+    CHECK(!fs::exists(dir.path / "never"));
+    auto set = kiln_cli("run recipes/gpt.toml --no-progress --set data.path=/nonexistent/corpus --set run.dir=" +
+                        quoted(dir.path / "never"));
+    CAPTURE(set.output);
+    CHECK(set.status == 1);
+    CHECK(contains(set.output, "kiln: error: --set data.path=/nonexistent/corpus: [data] kind = \"text\", path = "
+                               "\"/nonexistent/corpus\": text corpus /nonexistent/corpus does not exist"));
+  }
   SUBCASE("a missing recipe file") {
     auto r = kiln_cli("run " + quoted(dir.path / "nope.toml"));
     CAPTURE(r.output);

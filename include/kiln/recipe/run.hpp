@@ -42,7 +42,7 @@ struct dataset_pair {
   std::int64_t seq_len = 0;   // token data only
 };
 
-inline dataset_pair load_data(const recipe& r) {
+inline dataset_pair load_data_of(const recipe& r) {
   const auto& d = r.data;
   const auto seed = static_cast<std::uint64_t>(r.train.seed);
   if (d.kind == "fashion-mnist") {
@@ -69,6 +69,18 @@ inline dataset_pair load_data(const recipe& r) {
   return {{all.inputs.slice(0, 0, d.samples), all.targets.slice(0, 0, d.samples)},
           {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
           0, d.vocab_size, d.seq_len};
+}
+
+// A dataset error names the file it could not read; this adds which line of the recipe (or which
+// --set) pointed there, so that a typo in data.path is found where it was made.
+inline dataset_pair load_data(const recipe& r) {
+  try {
+    return load_data_of(r);
+  } catch (const data_error& e) {
+    const toml::node* path = r.document.at_path("data.path").node();
+    const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();
+    throw data_error(where + ": [data] kind = \"" + r.data.kind + "\", path = \"" + r.data.path + "\": " + e.what());
+  }
 }
 
 [[noreturn]] inline void mismatch(const recipe& r, const std::string& key, std::int64_t model_value,
