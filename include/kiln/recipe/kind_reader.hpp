@@ -31,15 +31,9 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
                            mismatch_text<std::vector<std::string>>(node));
       if (*name == "none") throw config_error(where + ": " + key + ": \"none\" cannot be combined with other profilers");
       if (!find_policy_kind(axis, *name)) {
-        std::vector<std::string> listable;  // what a list may hold: every profiler but "none"
-        std::string text;
-        for (const auto& k : policy_kinds)
-          if (k.axis == axis && k.kind != "none") {
-            listable.emplace_back(k.kind);
-            text += (text.empty() ? "\"" : ", \"") + listable.back() + "\"";
-          }
+        const auto listable = kinds_on_axis(axis, "none");  // what a list may hold
         throw config_error(where + ": " + key + ": \"" + *name + "\" is not a profiler" + did_you_mean(*name, listable) +
-                           "; a list takes " + text);
+                           "; a list takes " + quoted_list(listable));
       }
       if (!chosen.insert(*name).second) throw config_error(where + ": " + key + ": \"" + *name + "\" is listed twice");
     }
@@ -54,7 +48,7 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
     throw config_error(where + ": " + key + ": expected a string" + (axis == "profiler" ? " or an array of strings" : "") +
                        ", got " + toml_type_name(node));
   if (!find_policy_kind(axis, *value))
-    throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + kinds_on_axis(axis));
+    throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + quoted_list(kinds_on_axis(axis)));
   return *value;
 }
 

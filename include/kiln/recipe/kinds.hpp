@@ -10,6 +10,7 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln {
 
@@ -102,11 +103,18 @@ inline std::string policy_type(std::string_view axis, std::string_view kind) {
   return type + ">";
 }
 
-// "fp32", "sgd" ... as `"a" "b"` for error messages.
-inline std::string kinds_on_axis(std::string_view axis) {
-  std::string text;
+// The kinds of an axis in this table's order, but `leave_out`, for error messages.
+inline std::vector<std::string> kinds_on_axis(std::string_view axis, std::string_view leave_out = {}) {
+  std::vector<std::string> kinds;
   for (const auto& k : policy_kinds)
-    if (k.axis == axis) text += (text.empty() ? "\"" : ", \"") + std::string(k.kind) + "\"";
+    if (k.axis == axis && k.kind != leave_out) kinds.emplace_back(k.kind);
+  return kinds;
+}
+
+// `"a", "b"` for error messages.
+inline std::string quoted_list(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "\"" : ", \"") + name + "\"";
   return text;
 }
 

@@ -42,7 +42,7 @@ struct dataset_pair {
   std::int64_t seq_len = 0;   // token data only
 };
 
-inline dataset_pair load_data_of(const recipe& r) {
+inline dataset_pair load_data_by_kind(const recipe& r) {
   const auto& d = r.data;
   const auto seed = static_cast<std::uint64_t>(r.train.seed);
   if (d.kind == "fashion-mnist") {
@@ -75,7 +75,7 @@ inline dataset_pair load_data_of(const recipe& r) {
 // --set) pointed there, so that a typo in data.path is found where it was made.
 inline dataset_pair load_data(const recipe& r) {
   try {
-    return load_data_of(r);
+    return load_data_by_kind(r);
   } catch (const data_error& e) {
     const toml::node* path = r.document.at_path("data.path").node();
     const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();

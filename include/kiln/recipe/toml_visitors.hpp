@@ -108,9 +108,13 @@ bool convert_scalar(const toml::node& node, T& out) {
   return false;
 }
 
+// A settings field that TOML writes as an array (std::vector<...>); a string is no list.
+template <class T>
+concept toml_list = requires { typename T::value_type; } && !std::is_same_v<T, std::string>;
+
 template <class T>
 bool convert(const toml::node& node, T& out) {
-  if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string>) {
+  if constexpr (toml_list<T>) {
     auto array = node.as_array();
     if (!array) return false;
     T values;
@@ -130,7 +134,7 @@ bool convert(const toml::node& node, T& out) {
 // the first element of the wrong type, which in a long list is what the reader is looking for.
 template <class T>
 std::string mismatch_text(const toml::node& node) {
-  if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string>) {
+  if constexpr (toml_list<T>) {
     if (const auto* array = node.as_array()) {
       for (std::size_t i = 0; i < array->size(); ++i) {
         typename T::value_type ignored{};
