@@ -188,7 +188,15 @@ TEST_CASE("a value out of range names the value and the range") {
   }
   SUBCASE("a string that is not one of the choices") {
     auto f = dir.write("f.toml", head + "[model]\nkind = \"resnet\"\n");
-    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("expected one of: \"mlp\" \"cnn\" \"gpt\""),
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("expected one of \"mlp\", \"cnn\", \"gpt\""),
+                         kiln::config_error);
+    auto message = error_of([&] { kiln::load_recipe(f); });
+    CHECK(message.find("did you mean") == std::string::npos);  // "resnet" is no near miss
+  }
+  SUBCASE("a choice one letter off is suggested") {
+    auto f = dir.write("f.toml", head + "[model]\nkind = \"gtp\"\n");
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(f),
+                         doctest::Contains("model.kind = 'gtp': expected one of \"mlp\", \"cnn\", \"gpt\" (did you mean \"gpt\"?)"),
                          kiln::config_error);
   }
   SUBCASE("an empty recipe name") {
@@ -238,6 +246,8 @@ TEST_CASE("an axis table's alternatives are kinds of its axis, checked with file
   auto typo = dir.write("typo.toml", head + "[precision]\nkind = \"bf16\"\nalternatives = [\n  \"fp32\",\n  \"fp61\",\n]\n");
   CHECK_THROWS_WITH_AS(kiln::load_recipe(typo), doctest::Contains("typo.toml:7: precision.alternatives = \"fp61\": expected one of"),
                        kiln::config_error);
+  // Two swapped characters are one slip: "fp16" is suggested, not "fp32" (two replacements away).
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(typo), doctest::Contains("(did you mean \"fp16\"?)"), kiln::config_error);
   auto not_a_list = dir.write("list.toml", head + "[precision]\nalternatives = \"fp16\"\n");
   CHECK_THROWS_WITH_AS(kiln::load_recipe(not_a_list),
                        doctest::Contains("list.toml:4: precision.alternatives: expected an array of kinds, got a string"),
@@ -328,7 +338,9 @@ TEST_CASE("--set overrides") {
   }
   SUBCASE("a bad kind by override") {
     CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"optimizer.kind=adam"}),
-                         doctest::Contains("--set optimizer.kind=adam: optimizer.kind = \"adam\": expected one of"),
+                         doctest::Contains("--set optimizer.kind=adam: optimizer.kind = \"adam\": expected one of \"sgd\", \"adamw\", "),
+                         kiln::config_error);
+    CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"optimizer.kind=adam"}), doctest::Contains("(did you mean \"adamw\"?)"),
                          kiln::config_error);
   }
   SUBCASE("an unknown table") {

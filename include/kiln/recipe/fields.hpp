@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/recipe/spelling.hpp"
+
 namespace kiln {
 
 // Field types a settings struct may use; a visitor must handle each of them.
@@ -79,9 +81,7 @@ inline auto one_of(std::vector<std::string> allowed) {
   return [allowed = std::move(allowed)](const std::string& value) -> std::optional<std::string> {
     for (const auto& a : allowed)
       if (a == value) return std::nullopt;
-    std::string text = "expected one of:";
-    for (const auto& a : allowed) text += " \"" + a + "\"";
-    return text;
+    return "expected one of " + detail::quoted_list(allowed) + detail::did_you_mean(value, allowed);
   };
 }
 

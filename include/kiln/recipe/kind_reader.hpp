@@ -48,7 +48,8 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
     throw config_error(where + ": " + key + ": expected a string" + (axis == "profiler" ? " or an array of strings" : "") +
                        ", got " + toml_type_name(node));
   if (!find_policy_kind(axis, *value))
-    throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + quoted_list(kinds_on_axis(axis)));
+    throw config_error(where + ": " + key + " = \"" + *value + "\": expected one of " + quoted_list(kinds_on_axis(axis)) +
+                       did_you_mean(*value, kinds_on_axis(axis)));
   return *value;
 }
 

@@ -111,13 +111,6 @@ inline std::vector<std::string> kinds_on_axis(std::string_view axis, std::string
   return kinds;
 }
 
-// `"a", "b"` for error messages.
-inline std::string quoted_list(const std::vector<std::string>& names) {
-  std::string text;
-  for (const auto& name : names) text += (text.empty() ? "\"" : ", \"") + name + "\"";
-  return text;
-}
-
 // A combination is one kind per axis, in axis_names order; its name reads like
 // "precision=fp32 accumulation=steps ... profiler=none".
 using combination_kinds = std::array<std::string, axis_names.size()>;

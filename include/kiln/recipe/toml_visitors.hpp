@@ -20,34 +20,9 @@
 
 #include "kiln/errors.hpp"
 #include "kiln/recipe/fields.hpp"
+#include "kiln/recipe/spelling.hpp"
 
 namespace kiln::detail {
-
-inline std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// " (did you mean "lr"?)" when a known name is close to the unknown one.
-inline std::string did_you_mean(std::string_view unknown, const std::vector<std::string>& known) {
-  std::string best;
-  std::size_t best_distance = 3;  // farther than 2 edits is not a typo
-  for (const auto& k : known) {
-    auto d = edit_distance(unknown, k);
-    if (d < best_distance) best_distance = d, best = k;
-  }
-  return best.empty() ? std::string{} : " (did you mean \"" + best + "\"?)";
-}
 
 inline std::string toml_type_name(const toml::node& node) {
   switch (node.type()) {
