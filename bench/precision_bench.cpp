@@ -8,7 +8,8 @@
 // the rounds then continue one model, each with a fresh trainer and optimizer), the peak
 // memory LibTorch allocates during one training step above what the step started with
 // (activations kept for backward, gradients, temporaries: kiln::memory_meter), the bytes of
-// parameters + gradients + optimizer state (+ fp32 masters for bf16-pure), and the eval loss and
+// parameters + gradients + optimizer state (+ fp32 masters for bf16-pure; its Kahan variant's
+// compensation buffers are optimizer state), and the eval loss and
 // next-token accuracy after S x R steps of training. fp16 runs on a CUDA device, and on the CPU
 // where LibTorch's CPU autocast has float16 (PyTorch 2.x; 1.13's is bf16-only). The defaults are
 // the recipe's small GPT on the CPU; a GPU needs a larger one (--d-model, --layers, --seq,
@@ -47,7 +48,8 @@ double median(std::vector<double> v) {
 }
 
 template <class Precision>
-result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, const options& o) {
+result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, const options& o,
+               const typename Precision::settings& precision = {}) {
   using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
   result out;
   // Memory: one step through the accelerator with a meter around it (after a first step, so
@@ -55,7 +57,8 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
   {
     torch::manual_seed(0);
     kiln::models::gpt model(model_settings(o));
-    kiln::accelerator<Precision, kiln::optim::adamw> acc({.optimizer = {.lr = 1e-3}, .device = o.device});
+    kiln::accelerator<Precision, kiln::optim::adamw> acc(
+        {.precision = precision, .optimizer = {.lr = 1e-3}, .device = o.device});
     acc.prepare(model);
     kiln::data::batch_loader loader(train, {.batch_size = o.batch});
     auto step = [&] {
@@ -79,11 +82,15 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
     auto bytes = [](const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0; };
     for (const auto& p : model->parameters()) out.held_bytes += bytes(p) + bytes(p.grad());
     // bf16-pure: the optimizer's fp32 masters and their gradients, besides the model's bf16 weights
+    // (under Kahan summation the optimizer's parameters are the model's, and its compensation
+    // buffers are in state_bytes)
     if constexpr (requires { acc.precision().master_bytes(); })
-      for (const auto& m : acc.parameters()) out.held_bytes += bytes(m) + bytes(m.grad());
+      if (acc.precision().master_bytes() > 0)
+        for (const auto& m : acc.parameters()) out.held_bytes += bytes(m) + bytes(m.grad());
     out.held_bytes += acc.optimizer().state_bytes();
   }
   typename trainer_t::settings s;
+  s.accelerator.precision = precision;
   s.accelerator.optimizer.lr = 1e-3;
   s.accelerator.device = o.device;
   s.options.progress = false;
@@ -158,6 +165,7 @@ int main(int argc, char** argv) {
   print("fp32", measure<kiln::precision::fp32>(train, eval, o));
   print("bf16", measure<kiln::precision::bf16>(train, eval, o));
   print("bf16-pure", measure<kiln::precision::bf16_pure>(train, eval, o));
+  print("bf16-pure-kahan", measure<kiln::precision::bf16_pure>(train, eval, o, {.kahan = true}));
   if (cuda || kiln::detail::cpu_half_autocast_failure().empty()) print("fp16", measure<kiln::precision::fp16>(train, eval, o));
   return 0;
 }

@@ -101,6 +101,15 @@ class accelerator {
     if constexpr (requires { precision_.prepare(model, named_params_); })
       named_params_ = precision_.prepare(model, named_params_);
     for (const auto& [name, p] : named_params_) params_.push_back(p);
+    if constexpr (requires { precision_.kahan_summation(); })
+      if (precision_.kahan_summation()) {
+        if constexpr (requires { optimizer_.use_kahan_summation(true); })
+          optimizer_.use_kahan_summation(true);
+        else
+          throw config_error("precision.kahan = true: the optimizer \"" + std::string(optimizer_t::kind) +
+                             "\" has no Kahan-summed bf16 updates (`void use_kahan_summation(bool)`; kiln's sgd, "
+                             "adamw, lion, adafactor and adam8bit have them); use kahan = false for fp32 master weights");
+      }
     optimizer_.attach(named_params_);
     // Where the sharding policy averages gradients over ranks, sample and token counts are
     // averaged alike (kiln/accumulation/steps.hpp says why).
@@ -177,16 +186,18 @@ class accelerator {
         result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
       optimizer_.set_lr(result.lr);
       optimizer_.step();
-      if constexpr (requires { precision_.after_step(); }) precision_.after_step();
       result.stepped = true;
     } else {
       result.skipped = true;
     }
     optimizer_.zero_grad();
     ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
-    // Sharding that synchronises parameters rather than gradients (local SGD) does it here.
-    if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps); })
-      sharding_.after_optimizer_step(step_, settings_.total_steps);
+    // Sharding that synchronises parameters rather than gradients (local SGD) does it here, on the
+    // weights the optimizer updates (bf16-pure's fp32 masters, not their rounding in the model) ...
+    if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps, params_); })
+      sharding_.after_optimizer_step(step_, settings_.total_steps, params_);
+    // ... and a precision policy that keeps its own weights rounds them into the model after that.
+    if constexpr (requires { precision_.after_step(); }) precision_.after_step();
     return last_ = result;
   }
 

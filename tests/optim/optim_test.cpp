@@ -80,7 +80,7 @@ double diff_from_reference(typename Policy::settings settings, Rule reference_st
 // The fused CPU loop and the tensor-op path (what runs on CUDA) over the same gradients, in
 // fp32 or bf16 storage: they must agree bit for bit, parameters and state.
 template <class Policy>
-void check_tensor_path(typename Policy::settings settings, torch::ScalarType storage) {
+void check_tensor_path(typename Policy::settings settings, torch::ScalarType storage, bool kahan = false) {
   fixture a(17, 4000), b(17, 4000), source(17, 4000);  // source: fp32, computes the gradients
   auto pa = a.model->parameters(), pb = b.model->parameters(), ps = source.model->parameters();
   for (std::size_t i = 0; i < pa.size(); ++i) {
@@ -88,6 +88,8 @@ void check_tensor_path(typename Policy::settings settings, torch::ScalarType sto
     pb[i].set_data(pb[i].detach().to(storage));
   }
   Policy fused(settings), tensors(settings);
+  fused.use_kahan_summation(kahan);
+  tensors.use_kahan_summation(kahan);
   fused.attach(named(*a.model));
   tensors.attach(named(*b.model));
   tensors.use_tensor_ops(true);
@@ -111,6 +113,7 @@ void check_tensor_path(typename Policy::settings settings, torch::ScalarType sto
   fused.save_state(state_a, "");
   tensors.save_state(state_b, "");
   REQUIRE(state_a.size() == state_b.size());
+  if (kahan) CHECK(state_a.count("layers.0.weight/compensation") == 1);
   for (const auto& [name, value] : state_a) CHECK_MESSAGE(torch::equal(value, state_b.at(name)), name);
 }
 
@@ -383,7 +386,7 @@ TEST_SUITE("optim") {
     auto g = torch::randn({n}).to(torch::kBFloat16);
     auto expected = (p.to(torch::kFloat32) * 0.75f + g.to(torch::kFloat32) * 0.3f).to(torch::kBFloat16);
     d::fused_loop(n, [](auto& p, const auto& g) { p = p * 0.75f + g * 0.3f; }, p.data_ptr<c10::BFloat16>(),
-                  g.data_ptr<c10::BFloat16>());
+                  /*compensation=*/nullptr, g.data_ptr<c10::BFloat16>());
     auto finite = expected.isfinite();
     CHECK(torch::equal(p.view(torch::kInt16).masked_select(finite), expected.view(torch::kInt16).masked_select(finite)));
     CHECK(p.data_ptr<c10::BFloat16>()[5].x == c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x);
@@ -397,12 +400,26 @@ TEST_SUITE("optim") {
                                            torch::rand({n}) * 1e-5};
     std::vector<torch::Tensor> narrow, wide;
     for (auto& t : base) narrow.push_back(t.clone()), wide.push_back(t.clone());
-    d::fused_range<4>(0, n, rule, narrow[0].data_ptr<float>(), narrow[1].data_ptr<float>(),
-                      narrow[2].data_ptr<float>(), narrow[3].data_ptr<float>());
-    d::fused_range_avx2(0, n, rule, wide[0].data_ptr<float>(), wide[1].data_ptr<float>(), wide[2].data_ptr<float>(),
-                        wide[3].data_ptr<float>());
+    d::fused_range<4, false>(0, n, rule, narrow[0].data_ptr<float>(), nullptr, narrow[1].data_ptr<float>(),
+                             narrow[2].data_ptr<float>(), narrow[3].data_ptr<float>());
+    d::fused_range_avx2<false>(0, n, rule, wide[0].data_ptr<float>(), nullptr, wide[1].data_ptr<float>(),
+                               wide[2].data_ptr<float>(), wide[3].data_ptr<float>());
     for (std::size_t i = 0; i < base.size(); ++i) CHECK(torch::equal(narrow[i], wide[i]));
     CHECK(!torch::equal(narrow[0], base[0]));  // the rule did run
+    // The same for bf16 parameters with Kahan compensation: parameter and compensation agree too.
+    auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+    std::vector<torch::Tensor> narrow_b{bf16(base[0]), bf16(base[1]), bf16(base[0] * 1e-3), base[2].clone(),
+                                        base[3].clone()};
+    std::vector<torch::Tensor> wide_b;
+    for (auto& t : narrow_b) wide_b.push_back(t.clone());
+    auto run = [&](std::vector<torch::Tensor>& t, auto&& range) {
+      range(t[0].data_ptr<c10::BFloat16>(), t[2].data_ptr<c10::BFloat16>(), t[1].data_ptr<c10::BFloat16>(),
+            t[3].data_ptr<float>(), t[4].data_ptr<float>());
+    };
+    run(narrow_b, [&](auto... ptr) { d::fused_range<4, true>(0, n, rule, ptr...); });
+    run(wide_b, [&](auto... ptr) { d::fused_range_avx2<true>(0, n, rule, ptr...); });
+    for (std::size_t i = 0; i < narrow_b.size(); ++i) CHECK(torch::equal(narrow_b[i], wide_b[i]));
+    CHECK(!torch::equal(narrow_b[2], bf16(base[0] * 1e-3)));  // the compensation did change
 #endif
   }
 
@@ -416,6 +433,46 @@ TEST_SUITE("optim") {
       check_tensor_path<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9, .dampening = 0.1}, storage);
       check_tensor_path<kiln::optim::lion>({.lr = 1e-3, .weight_decay = 0.1}, storage);
     }
+    // bf16 with Kahan summation: parameters and compensation buffers, bit for bit
+    check_tensor_path<kiln::optim::adamw>({.lr = 1e-2, .weight_decay = 0.1}, torch::kBFloat16, /*kahan=*/true);
+    check_tensor_path<kiln::optim::sgd>({.lr = 0.05, .momentum = 0.9}, torch::kBFloat16, /*kahan=*/true);
+    check_tensor_path<kiln::optim::lion>({.lr = 1e-3}, torch::kBFloat16, /*kahan=*/true);
+  }
+
+  TEST_CASE("Kahan summation keeps bf16 updates that plain bf16 rounds away") {
+    // SGD with a constant gradient of 1 and lr 1e-4 moves every weight by -1e-4 a step: far below
+    // half a bf16 ulp of weights in [1, 2) (2^-8 = 0.0039), so plain bf16 never moves them. After
+    // 1000 steps the fp32 answer is start - 0.1; with Kahan summation the bf16 weight must be that
+    // rounded to bf16 (within one ulp, 2^-7 below 2 and 2^-8 below 1). Weight + compensation is
+    // off by what storing the compensation in bf16 rounds away: at most 2^-9 of it, itself at most
+    // half an ulp (2^-8), per step: 1000 x 2^-17 in all (measured: about a third of that).
+    const std::int64_t n = 1003;  // vectors of 4 and 8, and a scalar tail
+    const auto start = (1.0 + torch::rand({n})).to(torch::kBFloat16);
+    auto run = [&](bool kahan) {
+      auto param = start.clone();
+      param.mutable_grad() = torch::ones_like(param);
+      kiln::optim::sgd sgd({.lr = 1e-4, .momentum = 0.0});
+      sgd.use_kahan_summation(kahan);
+      sgd.attach({{"w", param}});
+      for (int i = 0; i < 1000; ++i) sgd.step();
+      kiln::state_dict state;
+      sgd.save_state(state, "");
+      return std::make_pair(param, kahan ? state.at("w/compensation") : torch::Tensor());
+    };
+    const auto expected = start.to(torch::kFloat64) - 1000 * 1e-4;
+    const auto [plain, none] = run(false);
+    CHECK(torch::equal(plain, start));  // every update rounded away
+    const auto [kahan, compensation] = run(true);
+    REQUIRE(compensation.defined());
+    CHECK(((kahan.to(torch::kFloat64) - expected).abs() <= 0.0078125).all().item<bool>());
+    const auto sum_error = (kahan.to(torch::kFloat64) + compensation.to(torch::kFloat64) - expected).abs().max();
+    MESSAGE("largest |weight + compensation - exact| after 1000 steps: " << sum_error.item<double>());
+    CHECK(sum_error.item<double>() <= 1000 * std::ldexp(1.0, -17));
+    // fp32 parameters have no compensation buffer: Kahan summation is for bf16 storage only
+    kiln::optim::sgd fp32({.lr = 1e-4});
+    fp32.use_kahan_summation(true);
+    fp32.attach({{"w", torch::ones({4})}});
+    CHECK(fp32.state_bytes() == 0);
   }
 
   TEST_CASE("optimizer state saved by parameter name resumes identically") {

@@ -1,6 +1,6 @@
 // Precision policies: the loss scaler against a hand-computed scale sequence, a planted Inf
 // that skips exactly one step, bf16 autocast dtypes, bf16 and bf16-pure accuracy against fp32 on
-// Fashion-MNIST, and master weights that keep updates bf16 would round away.
+// Fashion-MNIST, and master weights (or Kahan summation) that keep updates bf16 would round away.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
 
@@ -22,6 +22,17 @@ struct scaled_fp32 {
   bool unscale_and_check(std::vector<torch::Tensor>& p) { return scaler.unscale_and_check(p); }
   void update(bool finite) { scaler.update(finite); }
   kiln::loss_scaler scaler;
+};
+
+// A sharding policy that, like local SGD's average, changes the weights after optimizer steps:
+// it halves them.
+struct halving_sharding : kiln::sharding::single {
+  static constexpr std::string_view kind = "halving";
+  using single::single;
+  void after_optimizer_step(std::int64_t, std::int64_t, const std::vector<torch::Tensor>& weights) {
+    torch::NoGradGuard no_grad;
+    for (auto w : weights) w.mul_(0.5);
+  }
 };
 
 kiln::models::mlp small_mlp() {
@@ -183,6 +194,84 @@ TEST_SUITE("precision") {
       CHECK(torch::equal(model->parameters()[i], acc.parameters()[i].to(torch::kBFloat16)));
   }
 
+  TEST_CASE("bf16-pure with kahan: bf16 weights updated in place through a compensation buffer, resumed exactly") {
+    auto data = kiln::data::make_classification(16, 8, 3, 3);
+    using acc_t = kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::adamw>;
+    auto train = [&](acc_t& acc, kiln::models::mlp& model, int steps) {
+      for (int i = 0; i < steps; ++i) {
+        torch::Tensor loss;
+        {
+          auto cast = acc.autocast();
+          loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
+        }
+        acc.backward(loss);
+        CHECK(acc.step().stepped);
+      }
+    };
+    auto model = small_mlp();
+    acc_t acc({.precision = {.kahan = true}, .optimizer = {.lr = 1e-3}});
+    acc.prepare(model);
+    std::int64_t numel = 0;
+    for (std::size_t i = 0; i < acc.parameters().size(); ++i) {
+      CHECK((model->parameters()[i].scalar_type() == torch::kBFloat16));
+      CHECK(acc.parameters()[i].is_same(model->parameters()[i]));  // no masters: the optimizer updates the model
+      numel += model->parameters()[i].numel();
+    }
+    CHECK(acc.optimizer().state_bytes() == 2 * numel);  // the compensation buffers, before any step
+    train(acc, model, 3);
+    CHECK(acc.optimizer().state_bytes() == (8 + 2) * numel);  // AdamW's moments and the compensation
+    for (const auto& p : model->parameters()) CHECK((p.grad().scalar_type() == torch::kBFloat16));
+
+    // Resume: a second model and accelerator load the weights and the state, and both go on alike.
+    kiln::state_dict state;
+    acc.save_state(state);
+    CHECK(state.count("optim/layers.0.weight/compensation") == 1);
+    CHECK(state.count("precision/master/layers.0.weight") == 0);
+    auto copy = small_mlp();
+    acc_t resumed({.precision = {.kahan = true}, .optimizer = {.lr = 1e-3}});
+    resumed.prepare(copy);
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < model->parameters().size(); ++i) copy->parameters()[i].copy_(model->parameters()[i]);
+    }
+    resumed.load_state(state);
+    train(acc, model, 4);
+    train(resumed, copy, 4);
+    for (std::size_t i = 0; i < model->parameters().size(); ++i)
+      CHECK(torch::equal(model->parameters()[i], copy->parameters()[i]));
+
+    // A state saved with fp32 masters does not resume a Kahan run as if it were one.
+    kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::adamw> masters;
+    auto other = small_mlp();
+    masters.prepare(other);
+    kiln::state_dict master_state;
+    masters.save_state(master_state);
+    CHECK_THROWS_WITH_AS(resumed.load_state(master_state),
+                         doctest::Contains("no entry \"optim/layers.0.weight/compensation\": it was saved without Kahan summation"),
+                         kiln::state_error);
+    CHECK_THROWS_WITH_AS(masters.load_state(state),
+                         doctest::Contains("no entry \"precision/master/layers.0.weight\": it was saved without fp32 master weights"),
+                         kiln::state_error);
+  }
+
+  TEST_CASE("bf16-pure: what sharding does to the weights after a step (local SGD's average) reaches masters and model") {
+    // Two steps without gradients: the optimizer changes nothing, the sharding policy halves the
+    // weights twice. Were the model's bf16 weights changed instead of the masters, the next step
+    // would round the unchanged masters back into the model (a local-SGD average undone).
+    for (const bool kahan : {false, true}) {
+      CAPTURE(kahan);
+      auto model = small_mlp();
+      const auto start = model->layers[0]->as<torch::nn::Linear>()->weight.detach().clone();
+      kiln::accelerator<kiln::precision::bf16_pure, halving_sharding, kiln::optim::sgd> acc(
+          {.precision = {.kahan = kahan}});
+      acc.prepare(model);
+      acc.step();
+      acc.step();
+      CHECK(torch::equal(model->layers[0]->as<torch::nn::Linear>()->weight, start.to(torch::kBFloat16) / 4));
+      CHECK(torch::equal(acc.parameters()[0], kahan ? start.to(torch::kBFloat16) / 4 : start / 4));
+    }
+  }
+
   TEST_CASE("bf16-pure makes progress at a learning rate where bf16 updates round to zero") {
     auto data = kiln::data::make_classification(256, 8, 3, 4);
     auto loss_of = [&](kiln::models::mlp& m) {
@@ -214,6 +303,25 @@ TEST_SUITE("precision") {
     CHECK((acc.parameters()[0] - master_start).abs().max().item<double>() > 0);
     CHECK_FALSE(torch::equal(pure->layers[0]->as<torch::nn::Linear>()->weight, start));
     CHECK(loss_of(pure).item<double>() < first);
+
+    // kahan = true: the same updates accumulate in the compensation buffers until they move the
+    // bf16 weights, which end near the fp32 masters' weights.
+    auto kahan = small_mlp();
+    kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::sgd> kahan_acc(
+        {.precision = {.kahan = true}, .optimizer = {.lr = lr, .momentum = 0.0}});
+    kahan_acc.prepare(kahan);
+    for (int i = 0; i < 2000; ++i) {
+      kahan_acc.backward(loss_of(kahan));
+      kahan_acc.step();
+    }
+    const auto& kahan_weight = kahan->layers[0]->as<torch::nn::Linear>()->weight;
+    const auto& master_weight = acc.parameters()[0];
+    CHECK_FALSE(torch::equal(kahan_weight, start));
+    CHECK(loss_of(kahan).item<double>() < first);
+    const double moved = (master_weight - master_start).abs().max().item<double>();
+    const double apart = (kahan_weight.to(torch::kFloat32) - master_weight).abs().max().item<double>();
+    MESSAGE("largest master move " << moved << ", largest |kahan - master| " << apart);
+    CHECK(apart < moved / 2);
   }
 
   TEST_CASE("bf16 and bf16-pure reach fp32's Fashion-MNIST accuracy within 0.5 points") {
@@ -221,12 +329,13 @@ TEST_SUITE("precision") {
     if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz")) return;
     auto train = kiln::data::load_fashion_mnist(dir, kiln::data::split::train);
     auto test = kiln::data::load_fashion_mnist(dir, kiln::data::split::test);
-    auto accuracy = [&]<class Precision>(Precision*) {
+    auto accuracy = [&]<class Precision>(Precision*, typename Precision::settings precision = {}) {
       using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
       torch::manual_seed(0);
       kiln::models::mlp model(kiln::models::mlp_settings{.hidden = {256, 256}, .dropout = 0.1});
       kiln::data::batch_loader loader(train, {.batch_size = 128, .seed = 0});
       typename trainer_t::settings s;
+      s.accelerator.precision = precision;
       s.accelerator.optimizer.lr = 1e-3;
       s.accelerator.scheduler = {.kind = "cosine", .warmup_steps = 100};
       s.options.steps = 2 * 468;
@@ -237,9 +346,11 @@ TEST_SUITE("precision") {
     const double fp32 = accuracy((kiln::precision::fp32*)nullptr);
     const double bf16 = accuracy((kiln::precision::bf16*)nullptr);
     const double pure = accuracy((kiln::precision::bf16_pure*)nullptr);
-    MESSAGE("fp32 " << fp32 << ", bf16 " << bf16 << ", bf16-pure " << pure);
+    const double kahan = accuracy((kiln::precision::bf16_pure*)nullptr, {.kahan = true});
+    MESSAGE("fp32 " << fp32 << ", bf16 " << bf16 << ", bf16-pure " << pure << ", bf16-pure with kahan " << kahan);
     CHECK(fp32 > 0.85);
     CHECK(std::abs(bf16 - fp32) <= 0.005);
     CHECK(std::abs(pure - fp32) <= 0.005);
+    CHECK(std::abs(kahan - fp32) <= 0.005);
   }
 }

@@ -115,7 +115,7 @@ class adafactor : public detail::fused_optimizer<adafactor> {
       update = m;
     }
     param.add_(update, -alpha);
-    if (!param.is_same(s.param)) s.param.copy_(param);
+    if (!param.is_same(s.param)) detail::store_updated(s.param, s.compensation, param);
   }
 
  private:

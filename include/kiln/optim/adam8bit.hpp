@@ -82,9 +82,10 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
     dispatch(s.param, [&](auto type) {
       using T = decltype(type);
       T* p = s.param.data_ptr<T>();
+      c10::BFloat16* c = compensation_ptr(s);
       const T* g = grad.data_ptr<T>();
       if (!quantized(s)) {
-        detail::fused_loop(s.param.numel(), rule, p, g, s.field(0).data_ptr<float>(), s.field(1).data_ptr<float>());
+        detail::fused_loop(s.param.numel(), rule, p, c, g, s.field(0).data_ptr<float>(), s.field(1).data_ptr<float>());
         return;
       }
       std::uint8_t* m_code = s.field(0).data_ptr<std::uint8_t>();
@@ -101,7 +102,7 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
           const auto begin = b * block_size, len = std::min(block_size, n - begin);
           detail::dequantize_block(m_code + begin, len, m_absmax[b], m, signed_map);
           detail::dequantize_block(v_code + begin, len, v_absmax[b], v, unsigned_map);
-          detail::fused_serial(0, len, rule, p + begin, g + begin, m, v);
+          detail::fused_serial(0, len, rule, p + begin, c ? c + begin : nullptr, g + begin, m, v);
           m_absmax[b] = detail::quantize_block(m, len, m_code + begin, signed_map);
           v_absmax[b] = detail::quantize_block(v, len, v_code + begin, unsigned_map);
         }

@@ -62,14 +62,14 @@ class adamw : public detail::fused_optimizer<adamw> {
   void update(detail::slot& s, const torch::Tensor& grad) const {
     const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
                                  static_cast<double>(s.step));
-    if (!settings_.amsgrad) return apply_rule(rule, s.param, grad, s.field(0), s.field(1));
+    if (!settings_.amsgrad) return apply_rule(rule, s, grad, s.field(0), s.field(1));
     apply_rule(
         [rule](auto& p, const auto& g, auto& m, auto& v, auto& v_max) {
           rule.moments(p, g, m, v);
           v_max = detail::vmax(v_max, v);
           rule.apply(p, m, v_max);
         },
-        s.param, grad, s.field(0), s.field(1), s.field(2));
+        s, grad, s.field(0), s.field(1), s.field(2));
   }
 
  private:

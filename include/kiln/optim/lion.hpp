@@ -60,7 +60,7 @@ class lion : public detail::fused_optimizer<lion> {
           p = p * decay - step * detail::vsign(c);
           m = m * b2 + g * one_minus_b2;
         },
-        s.param, grad, s.field(0));
+        s, grad, s.field(0));
   }
 
  private:

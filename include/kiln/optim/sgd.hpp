@@ -71,7 +71,7 @@ class sgd : public detail::fused_optimizer<sgd> {
     const float keep = static_cast<float>(1.0 - settings_.dampening);
     const bool first = s.step == 1, nesterov = settings_.nesterov;
     if (s.state.empty())
-      return apply_rule([=](auto& p, const auto& g) { p = p - step * (g + wd * p); }, s.param, grad);
+      return apply_rule([=](auto& p, const auto& g) { p = p - step * (g + wd * p); }, s, grad);
     apply_rule(
         [=](auto& p, const auto& g, auto& buf) {
           auto d = g + wd * p;
@@ -79,7 +79,7 @@ class sgd : public detail::fused_optimizer<sgd> {
           d = nesterov ? d + momentum * buf : buf;
           p = p - step * d;
         },
-        s.param, grad, s.field(0));
+        s, grad, s.field(0));
   }
 
  private:

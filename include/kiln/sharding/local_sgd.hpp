@@ -58,12 +58,17 @@ class local_sgd : public kiln::detail::replicated_base {
   void finish_backward() {}
 
   // Called by the accelerator after each optimizer step (`step` counts them from 1; `total` is the
-  // run's length, 0 if unknown).
-  void after_optimizer_step(std::int64_t step, std::int64_t total) {
+  // run's length, 0 if unknown) with the weights the optimizer updates, in the order of the
+  // model's trainable parameters: the model's own, or a precision policy's fp32 masters
+  // (bf16-pure), which are what must be averaged; the accelerator then rounds them into the model.
+  void after_optimizer_step(std::int64_t step, std::int64_t total, const std::vector<torch::Tensor>& weights) {
+    if (weights.size() != params_.size())
+      throw config_error("local-sgd: the optimizer updates " + std::to_string(weights.size()) + " tensors, the model has " +
+                         std::to_string(params_.size()) + " trainable parameters");
     if (step % settings_.sync_every == 0 || step == total) {
-      kiln::detail::start_sync(*group_, buckets_, params_, /*average=*/true);
+      kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true);
       kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
-      kiln::detail::finish_sync(*group_, buckets_, params_, /*average=*/true);
+      kiln::detail::finish_sync(*group_, buckets_, weights, /*average=*/true);
       kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
       ++averages_;
       for (const auto& b : buckets_) count_collective(b);

@@ -16,8 +16,9 @@
 //                                              gradients are averaged over ranks (ddp): the
 //                                              accumulation axis then averages its sample and
 //                                              token counts over ranks too;
-//   after_optimizer_step(step, total)          called after every optimizer step (local-sgd
-//                                              averages parameters there);
+//   after_optimizer_step(step, total, weights) called after every optimizer step with the
+//                                              tensors the optimizer updates (local-sgd
+//                                              averages them there);
 //   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(),
 //   allreduce_wait_s()                         reported in summary.json when present.
 #pragma once

@@ -7,7 +7,10 @@
 //   void update(slot&, const torch::Tensor& g)  one step of the rule for one parameter, with
 //                                               slot.step already incremented and lr() current.
 // Each parameter is one contiguous fp32 or bf16 tensor: the flat storage the rules run over in
-// one pass, and what a sharding policy will hand over as this rank's shard.
+// one pass, and what a sharding policy will hand over as this rank's shard. With
+// use_kahan_summation(true) (precision::bf16_pure's kahan = true), each bf16 parameter also has
+// a bf16 compensation buffer that its updates are summed through (fused_loop.hpp's
+// store_compensated), saved and resumed with the state.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,7 @@ struct slot {
   double weight_decay = 0;  // this parameter's: 0 where a no_decay pattern matches its name
   std::int64_t step = 0;    // updates applied (parameters without a gradient are not stepped)
   std::vector<std::pair<std::string, torch::Tensor>> state;
+  torch::Tensor compensation;  // bf16, as the parameter, under Kahan summation; else undefined
   torch::Tensor& field(std::size_t i) { return state[i].second; }
 };
 
@@ -59,6 +63,7 @@ class fused_optimizer {
       s.name = name;
       s.param = param;
       s.weight_decay = decays(name) ? weight_decay_ : 0.0;
+      if (kahan_ && param.scalar_type() == torch::kBFloat16) s.compensation = torch::zeros_like(param);
       slots_.push_back(std::move(s));
     }
   }
@@ -88,18 +93,26 @@ class fused_optimizer {
   // Runs the rules as tensor ops on CPU too: what CUDA runs, checkable here against the loop.
   void use_tensor_ops(bool on) { tensor_ops_ = on; }
 
+  // Sums the updates of bf16 parameters attached after this call through a compensation buffer
+  // each (Kahan summation), so that updates below half a bf16 ulp are not rounded away.
+  void use_kahan_summation(bool on) { kahan_ = on; }
+
   const std::vector<slot>& slots() const { return slots_; }
 
   std::int64_t state_bytes() const {
     std::int64_t bytes = 0;
-    for (const auto& s : slots_)
+    for (const auto& s : slots_) {
       for (const auto& [field, t] : s.state) bytes += t.numel() * static_cast<std::int64_t>(t.element_size());
+      if (s.compensation.defined()) bytes += s.compensation.numel() * 2;
+    }
     return bytes;
   }
 
-  // "<prefix><param>/step" and "<prefix><param>/<field>" for each parameter that has stepped.
+  // "<prefix><param>/step" and "<prefix><param>/<field>" for each parameter that has stepped,
+  // and "<prefix><param>/compensation" for each that has one.
   void save_state(kiln::state_dict& state, const std::string& prefix) const {
     for (const auto& s : slots_) {
+      if (s.compensation.defined()) state[prefix + s.name + "/compensation"] = s.compensation.clone();
       if (s.state.empty()) continue;
       state[prefix + s.name + "/step"] = kiln::scalar_tensor(s.step);
       for (const auto& [field, t] : s.state) state[prefix + s.name + "/" + field] = t.clone();
@@ -108,18 +121,18 @@ class fused_optimizer {
 
   void load_state(const kiln::state_dict& state, const std::string& prefix) {
     for (auto& s : slots_) {
+      if (s.compensation.defined()) {
+        const auto key = prefix + s.name + "/compensation";
+        if (!state.count(key))
+          throw kiln::state_error("saved state has no entry \"" + key + "\": it was saved without Kahan summation "
+                                  "(bf16-pure with kahan = false), and this run sums its bf16 updates with it");
+        load_field(state, key, s.compensation);
+      }
       auto step = state.find(prefix + s.name + "/step");
       if (step == state.end()) continue;
       derived().init_state(s);
       s.step = step->second.item<std::int64_t>();
-      for (auto& [field, t] : s.state) {
-        const auto& saved = kiln::require(state, prefix + s.name + "/" + field);
-        if (saved.sizes() != t.sizes() || saved.scalar_type() != t.scalar_type())
-          throw kiln::state_error("saved optimizer state \"" + prefix + s.name + "/" + field + "\" is " +
-                                  std::string(c10::toString(saved.scalar_type())) + c10::str(saved.sizes()) +
-                                  ", expected " + std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes()));
-        t.copy_(saved);
-      }
+      for (auto& [field, t] : s.state) load_field(state, prefix + s.name + "/" + field, t);
     }
   }
 
@@ -134,18 +147,32 @@ class fused_optimizer {
     else run(float{});
   }
 
-  // rule(p, g, state...) over one parameter and its fp32 state tensors: one fused pass on CPU;
-  // elsewhere (CUDA) the same rule as whole-tensor ops.
+  // rule(p, g, state...) over one parameter (and its compensation) and its fp32 state tensors:
+  // one fused pass on CPU; elsewhere (CUDA) the same rule as whole-tensor ops.
   template <class Rule, class... State>
-  void apply_rule(const Rule& rule, const torch::Tensor& param, const torch::Tensor& grad, State&... state) const {
-    if (!param.is_cpu() || tensor_ops_) return tensor_rule(rule, param, grad, state...);
-    dispatch(param, [&](auto type) {
+  void apply_rule(const Rule& rule, const slot& s, const torch::Tensor& grad, State&... state) const {
+    if (!s.param.is_cpu() || tensor_ops_) return tensor_rule(rule, s.param, s.compensation, grad, state...);
+    dispatch(s.param, [&](auto type) {
       using T = decltype(type);
-      fused_loop(param.numel(), rule, param.data_ptr<T>(), grad.data_ptr<T>(), state.template data_ptr<float>()...);
+      fused_loop(s.param.numel(), rule, s.param.data_ptr<T>(), compensation_ptr(s), grad.data_ptr<T>(),
+                 state.template data_ptr<float>()...);
     });
   }
 
+  static c10::BFloat16* compensation_ptr(const slot& s) {
+    return s.compensation.defined() ? s.compensation.data_ptr<c10::BFloat16>() : nullptr;
+  }
+
  private:
+  static void load_field(const kiln::state_dict& state, const std::string& key, torch::Tensor& t) {
+    const auto& saved = kiln::require(state, key);
+    if (saved.sizes() != t.sizes() || saved.scalar_type() != t.scalar_type())
+      throw kiln::state_error("saved optimizer state \"" + key + "\" is " + std::string(c10::toString(saved.scalar_type())) +
+                              c10::str(saved.sizes()) + ", expected " + std::string(c10::toString(t.scalar_type())) +
+                              c10::str(t.sizes()));
+    t.copy_(saved);
+  }
+
   bool decays(const std::string& name) const {
     for (const auto& pattern : no_decay_)
       if (kiln::detail::glob_match(pattern.c_str(), name.c_str())) return false;
@@ -156,6 +183,7 @@ class fused_optimizer {
   double lr_;
   double weight_decay_;
   bool tensor_ops_ = false;
+  bool kahan_ = false;
   std::vector<std::string> no_decay_;
   std::vector<slot> slots_;
 };
