@@ -87,6 +87,14 @@ void with_lane_storage(c10::ScalarType dtype, F&& f) {
   else throw std::invalid_argument(std::string("kiln: no vector loop takes ") + c10::toString(dtype) + " tensors");
 }
 
+// The sum of a vector's lanes, in lane order.
+template <class V>
+[[gnu::always_inline]] inline float lanes_sum(const V& v) {
+  float s = 0.0f;
+  for (int i = 0; i < width_of<V>; ++i) s += v[i];
+  return s;
+}
+
 // A vector's bits as another vector type of the same size.
 template <class To, class From>
 [[gnu::always_inline]] inline To bits_as(const From& from) {

@@ -15,6 +15,7 @@
 #include "kiln/checkpointing/checkpoint.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
+#include "kiln/models/layer_norm.hpp"
 #include "kiln/models/linear.hpp"
 #include "kiln/recipe/fields.hpp"
 
@@ -135,8 +136,8 @@ class gpt_block_impl : public torch::nn::Module, public kiln::checkpointable {
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})));
     mlp = register_module("mlp", gpt_mlp(s));
     set_body([this](const torch::Tensor& x) {
-      auto h = x + attn->forward(ln1->forward(x));
-      return h + mlp->forward(ln2->forward(h));
+      auto h = x + attn->forward(apply_layer_norm(*ln1, x));
+      return h + mlp->forward(apply_layer_norm(*ln2, h));
     });
   }
 
@@ -177,7 +178,7 @@ class gpt_impl : public torch::nn::Module {
     auto positions = torch::arange(t, tokens.options().dtype(torch::kLong));
     auto x = drop->forward(tok_emb->forward(tokens) + pos_emb->forward(positions));
     for (const auto& block : *blocks) x = block->as<gpt_block_impl>()->forward(x);
-    return apply_linear(*head, ln_f->forward(x));
+    return apply_linear(*head, apply_layer_norm(*ln_f, x));
   }
 
   std::int64_t num_blocks() const { return settings_.n_layer; }

@@ -74,13 +74,6 @@ template <class V>
   return m;
 }
 
-template <class V>
-[[gnu::always_inline]] inline float lanes_sum(const V& v) {
-  float s = 0.0f;
-  for (int i = 0; i < width_of<V>; ++i) s += v[i];
-  return s;
-}
-
 // A scalar element through the same exp as the lanes, so a row's tail adds up like its body.
 template <int Width>
 [[gnu::always_inline]] inline float exp_one(float x) {
