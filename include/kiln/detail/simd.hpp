@@ -17,6 +17,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -85,6 +86,15 @@ void with_lane_storage(c10::ScalarType dtype, F&& f) {
   else if (dtype == c10::ScalarType::BFloat16) f(std::type_identity<c10::BFloat16>{});
   else if (dtype == c10::ScalarType::Half) f(std::type_identity<c10::Half>{});
   else throw std::invalid_argument(std::string("kiln: no vector loop takes ") + c10::toString(dtype) + " tensors");
+}
+
+// Elements per thread chunk of kiln's parallel loops (optimizer updates, dropout, cross-entropy,
+// LayerNorm): big enough that a chunk is tens of microseconds of memory traffic.
+inline constexpr std::int64_t chunk_elements = 1 << 15;
+
+// Rows of `row_length` elements per chunk, at least one.
+inline std::int64_t chunk_rows(std::int64_t row_length) {
+  return std::max<std::int64_t>(1, chunk_elements / std::max<std::int64_t>(row_length, 1));
 }
 
 // The sum of a vector's lanes, in lane order.

@@ -176,9 +176,6 @@ void cross_entropy_backward_avx2(const T* logits, const std::int64_t* targets, c
 #pragma GCC pop_options
 #endif
 
-// Rows per thread chunk: about 2^15 logits, as kiln's other loops.
-inline std::int64_t cross_entropy_grain_rows(std::int64_t c) { return std::max<std::int64_t>(1, (1 << 15) / c); }
-
 // Whether the fused kernels take these logits ([rows, classes], contiguous, fp32, bf16 or fp16 on
 // the CPU); others go through the same recomputing scheme in LibTorch ops (cross_entropy.hpp).
 inline bool fused_cross_entropy_applies(const torch::Tensor& logits) {
@@ -209,7 +206,7 @@ inline cross_entropy_forward_result cross_entropy_forward_cpu(const torch::Tenso
     const auto* x = logits.data_ptr<scalar_t>();
     const auto* t = targets.data_ptr<std::int64_t>();
     auto* n = reinterpret_cast<row_normaliser*>(norm.data_ptr<float>());
-    at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
+    at::parallel_for(0, rows, chunk_rows(c), [&](std::int64_t first, std::int64_t last) {
       std::int64_t bad = -1;
 #ifdef KILN_GCC_X86
       if (cpu_has_avx2()) cross_entropy_forward_avx2(x, t, first, last, c, ignore_index, n, loss.data(), bad);
@@ -246,7 +243,7 @@ inline torch::Tensor cross_entropy_backward_cpu(const torch::Tensor& logits, con
     const auto* t = targets.data_ptr<std::int64_t>();
     const auto* n = reinterpret_cast<const row_normaliser*>(norm.data_ptr<float>());
     auto* g = grad.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, cross_entropy_grain_rows(c), [&](std::int64_t first, std::int64_t last) {
+    at::parallel_for(0, rows, chunk_rows(c), [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
       if (cpu_has_avx2()) return cross_entropy_backward_avx2(x, t, n, first, last, c, ignore_index, scale, g);
 #endif

@@ -174,8 +174,8 @@ void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t l
 #pragma GCC pop_options
 #endif
 
-// Groups per thread chunk: 2^15 elements, as kiln's optimizer loops.
-inline constexpr std::int64_t dropout_grain_groups = (1 << 15) / dropout_group_size;
+// Groups per thread chunk: simd.hpp's chunk_elements.
+inline constexpr std::int64_t dropout_grain_groups = chunk_elements / dropout_group_size;
 
 template <class T>
 void masked_scale_loop(const dropout_mask& m, std::int64_t n, const T* in, T* out) {

@@ -139,9 +139,6 @@ inline bool fused_layer_norm_applies(const torch::Tensor& x, const torch::Tensor
          bias.is_cpu() && weight.is_contiguous() && bias.is_contiguous();
 }
 
-// Rows per thread chunk: about 2^15 elements, as kiln's other loops.
-inline std::int64_t layer_norm_grain_rows(std::int64_t d) { return std::max<std::int64_t>(1, (1 << 15) / d); }
-
 // x [rows, d] contiguous; returns y (x's dtype) and moments [rows, 2] fp32.
 inline std::pair<torch::Tensor, torch::Tensor> layer_norm_forward_cpu(const torch::Tensor& x, const torch::Tensor& weight,
                                                                       const torch::Tensor& bias, double eps) {
@@ -155,7 +152,7 @@ inline std::pair<torch::Tensor, torch::Tensor> layer_norm_forward_cpu(const torc
     auto* yp = y.data_ptr<scalar_t>();
     auto* mp = reinterpret_cast<row_moments*>(moments.data_ptr<float>());
     const auto e = static_cast<float>(eps);
-    at::parallel_for(0, rows, layer_norm_grain_rows(d), [&](std::int64_t first, std::int64_t last) {
+    at::parallel_for(0, rows, chunk_rows(d), [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
       if (cpu_has_avx2()) return layer_norm_forward_avx2(xp, wp, bp, yp, mp, first, last, d, e);
 #endif
@@ -174,7 +171,7 @@ inline layer_norm_grads layer_norm_backward_cpu(const torch::Tensor& x, const to
   const std::int64_t rows = x.size(0), d = x.size(1);
   // Blocks of rows sized by the shape alone (at least a thread chunk, at most 256 blocks), each
   // with its own partial sums of dw and db.
-  const std::int64_t block = std::max(layer_norm_grain_rows(d), (rows + 255) / 256);
+  const std::int64_t block = std::max(chunk_rows(d), (rows + 255) / 256);
   const std::int64_t blocks = std::max<std::int64_t>(1, (rows + block - 1) / block);
   auto partial = torch::zeros({blocks, 2, d}, x.options().dtype(torch::kFloat32));
   auto dx = torch::empty_like(x, at::MemoryFormat::Contiguous);

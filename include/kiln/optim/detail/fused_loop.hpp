@@ -46,9 +46,6 @@ using kiln::detail::u32_vec;
 using kiln::detail::cpu_has_avx2;
 #endif
 
-// Elements per thread chunk: big enough that a chunk is tens of microseconds of memory traffic.
-inline constexpr std::int64_t fused_grain = 1 << 15;
-
 template <class V>
 inline constexpr bool is_float_vec = !std::is_same_v<V, float>;
 
@@ -150,6 +147,7 @@ void fused_range_avx2(std::int64_t begin, std::int64_t end, const Rule& rule, T*
 #pragma GCC pop_options
 #endif
 
+// fused_serial with the choice of store made: the AVX2 copy where the CPU has it.
 template <bool Compensated, class T, class Rule, class... State>
 void fused_serial_with(std::int64_t begin, std::int64_t end, const Rule& rule, T* param, c10::BFloat16* compensation,
                        const T* grad, State*... state) {
@@ -175,7 +173,7 @@ void fused_serial(std::int64_t begin, std::int64_t end, const Rule& rule, T* par
 template <class T, class Rule, class... State>
 void fused_loop(std::int64_t n, const Rule& rule, T* param, c10::BFloat16* compensation, const T* grad,
                 State*... state) {
-  at::parallel_for(0, n, fused_grain, [&](std::int64_t begin, std::int64_t end) {
+  at::parallel_for(0, n, kiln::detail::chunk_elements, [&](std::int64_t begin, std::int64_t end) {
     fused_serial(begin, end, rule, param, compensation, grad, state...);
   });
 }
