@@ -101,6 +101,8 @@ class accelerator {
     if constexpr (requires { precision_.prepare(model, named_params_); })
       named_params_ = precision_.prepare(model, named_params_);
     for (const auto& [name, p] : named_params_) params_.push_back(p);
+    // The sharding policy's buckets follow what the precision policy made of the parameters.
+    if constexpr (requires { sharding_.attach(params_); }) sharding_.attach(params_);
     if constexpr (requires { precision_.kahan_summation(); })
       if (precision_.kahan_summation()) {
         if constexpr (requires { optimizer_.use_kahan_summation(true); })

@@ -145,6 +145,21 @@ job_end signal_rank1(const long_job& job, int signal) {
   return end;
 }
 
+// One of tests/sharding/recipes' small checkpointed GPT jobs (ddp-* under `kiln launch -n 2`),
+// run into dir/name by the test CLI, which has their combinations compiled.
+fs::path run_checkpointed_gpt(const fs::path& dir, const std::string& recipe, const std::string& name,
+                              const std::string& extra = "") {
+  const bool ddp = recipe.rfind("ddp", 0) == 0;
+  auto result = kiln_cli(std::string(ddp ? "launch -n 2 '" : "run '") + KILN_SOURCE_DIR "/tests/sharding/recipes/" +
+                             recipe + ".toml'" + extra + run_dir_option(dir / name),
+                         KILN_TEST_CLI);
+  REQUIRE_MESSAGE(result.status == 0, result.output);
+  return dir / name;
+}
+
+// Between two runs of those jobs: embeddings, 2 blocks, final LayerNorm and head.
+double difference(const fs::path& a, const fs::path& b) { return max_parameter_difference(a, b, 2 + 2 * 12 + 2 + 1); }
+
 }  // namespace
 
 TEST_SUITE("sharding") {
@@ -233,18 +248,9 @@ TEST_SUITE("sharding") {
   TEST_CASE("ddp with activation checkpointing, in fp32 and under bf16: 2 ranks x 8 equal 1 process x 16") {
     // The gradient hooks fire from inside the checkpointed blocks' recomputation in backward.
     kiln::test::temp_dir dir("ddp_checkpointed");
-    const std::string recipes = KILN_SOURCE_DIR "/tests/sharding/recipes/";
     auto run = [&](const std::string& recipe, const std::string& name, const std::string& extra = "") {
-      const bool ddp = recipe.rfind("ddp", 0) == 0;
-      auto result = kiln_cli(std::string(ddp ? "launch -n 2 '" : "run '") + recipes + recipe + ".toml'" + extra +
-                                 run_dir_option(dir.path / name),
-                             KILN_TEST_CLI);
-      REQUIRE_MESSAGE(result.status == 0, result.output);
-      return dir.path / name;
+      return run_checkpointed_gpt(dir.path, recipe, name, extra);
     };
-    const int gpt_tensors = 2 + 2 * 12 + 2 + 1;  // embeddings, 2 blocks, final LayerNorm, head
-    auto difference = [&](const fs::path& a, const fs::path& b) { return max_parameter_difference(a, b, gpt_tensors); };
-
     const auto ddp = run("ddp-checkpointed", "ddp"), single = run("single-checkpointed", "single");
     // Rank 0's half of each batch alone: what DDP would end with if it did not average.
     const auto half = run("single-checkpointed", "half", " --set data.batch_size=8");
@@ -259,6 +265,46 @@ TEST_SUITE("sharding") {
     MESSAGE("bf16: ddp vs one process ", ddp_error, "; bf16 vs fp32 ", bf16_error);
     CHECK(ddp_error <= bf16_error);
     CHECK(bf16_error < 0.1 * difference(half, single));
+  }
+
+  TEST_CASE("ddp under bf16-pure, fp32 masters or Kahan: 2 ranks x 8 equal 1 process x 16, gradients sent as bf16 where Gloo sums bf16") {
+    // bf16-pure turns the model bf16 after ddp has bucketed it: the buckets follow (attach()), so
+    // the all-reduces carry bf16, or fp32 where this LibTorch's Gloo cannot sum bf16 (1.13).
+    kiln::test::temp_dir dir("ddp_bf16_pure");
+    const auto single = run_checkpointed_gpt(dir.path, "single-checkpointed", "single");
+    const double wire_bytes = kiln::detail::gloo_sums_bfloat16() ? 2 : 4;
+    const double steps = 4;  // the recipes' train.steps
+    for (const std::string kahan : {"false", "true"}) {
+      CAPTURE(kahan);
+      const std::string pure = " --set precision.kind=bf16-pure --set precision.kahan=" + kahan;
+      const auto ddp = run_checkpointed_gpt(dir.path, "ddp-checkpointed-bf16", "ddp_" + kahan, pure);
+      const auto one = run_checkpointed_gpt(dir.path, "single-checkpointed-bf16", "single_" + kahan, pure);
+      const double ddp_error = difference(ddp, one), pure_error = difference(one, single);
+      MESSAGE("bf16-pure (kahan = ", kahan, "): ddp vs one process ", ddp_error, "; vs fp32 ", pure_error);
+      CHECK(ddp_error <= pure_error);
+      // Every step all-reduces each gradient once: the fp32 model's parameter count times the
+      // bytes of the dtype on the wire.
+      CHECK(summary_field(ddp, "collective_bytes") == steps * parameter_bytes(single) / 4 * wire_bytes);
+    }
+  }
+
+  TEST_CASE("buckets carry bf16 as bf16 where Gloo sums it (LibTorch 2.2 on), widened to fp32 where it cannot (1.13)") {
+    // kiln finds Gloo's answer by trying; it agrees with the release that added bf16 to Gloo.
+    const int version = kiln::detail::torch_version_major * 100 + kiln::detail::torch_version_minor;
+    CHECK(kiln::detail::gloo_sums_bfloat16() == (version >= 202));
+
+    const std::vector<torch::Tensor> params = {torch::zeros({50}, torch::kBFloat16), torch::zeros({50}, torch::kBFloat16)};
+    const auto narrow = kiln::detail::make_buckets(params, /*cap_bytes=*/300);
+    REQUIRE(narrow.size() == 1);  // 100 bytes each
+    CHECK((narrow[0].flat.scalar_type() == torch::kBFloat16));
+    const auto widen = [](c10::ScalarType t) { return t == torch::kBFloat16 ? torch::kFloat : t; };
+    const auto wide = kiln::detail::make_buckets(params, /*cap_bytes=*/300, -1, widen);
+    REQUIRE(wide.size() == 2);  // 200 bytes each on the wire: the cap counts what travels
+    CHECK((wide[0].flat.scalar_type() == torch::kFloat));
+    // A widened slot takes a bf16 gradient and gives it back exactly.
+    const auto grad = torch::randn({50}).to(torch::kBFloat16);
+    wide[0].slot(0, grad).copy_(grad);
+    CHECK(torch::equal(wide[0].slot(0, grad).to(torch::kBFloat16), grad));
   }
 
   TEST_CASE("ddp with token normalisation: padded sequences of uneven lengths across ranks equal one process") {

@@ -56,6 +56,7 @@
 #include <vector>
 
 #ifdef KILN_DETAIL_GLOO
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -179,6 +180,31 @@ inline backend resolve_backend(std::string_view name, const std::string& where, 
   throw config_error(where + " = \"" + std::string(name) + "\": expected \"auto\", \"gloo\" or \"nccl\"");
 }
 
+// Whether this LibTorch's Gloo sums bfloat16 tensors: PyTorch 2.2 added it, 1.13's fails the
+// collective with "Invalid scalar type" (its Gloo has float16 only). Found by trying rather than
+// by version, once per process, in a one-rank group of the process's own (an in-memory store,
+// no peers): every rank of a job runs the same LibTorch, so all reach the same answer.
+inline bool try_gloo_bfloat16_sum() {
+#ifdef KILN_DETAIL_GLOO
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    c10d::ProcessGroupGloo group(c10::make_intrusive<c10d::HashStore>(), 0, 1, options);
+    std::vector<at::Tensor> one{torch::full({1}, 1.5, torch::kBFloat16)};
+    group.allreduce(one)->wait();
+    return one[0].item<float>() == 1.5f;
+  } catch (const std::exception&) {
+    return false;
+  }
+#else
+  return false;
+#endif
+}
+inline bool gloo_sums_bfloat16() {
+  static const bool sums = try_gloo_bfloat16_sum();
+  return sums;
+}
+
 // A collective in flight. Gloo runs it on its own threads; failures show only when it is waited
 // on, so this is where they become distributed_error. The collective holds its tensors, and
 // dropping this object does not cancel it.
@@ -293,6 +319,15 @@ class process_group {
   // Where tensors must be for this group's collectives: the CPU for Gloo (which also takes CUDA
   // tensors in CUDA builds), the rank's GPU for NCCL.
   const torch::Device& staging_device() const { return staging_device_; }
+
+  // The dtype this group's collectives carry `dtype` values in: their own wherever the backend
+  // sums it, else float32. Only bfloat16 on a Gloo without it (LibTorch before 2.2) is widened:
+  // twice the bytes, exact for broadcasts, and sums rounded once, to bf16 at the end, instead of
+  // after every addition. NCCL sums every floating type kiln trains in.
+  c10::ScalarType wire_dtype(c10::ScalarType dtype) const {
+    if (backend_ == backend::gloo && dtype == c10::kBFloat16 && !gloo_sums_bfloat16()) return c10::kFloat;
+    return dtype;
+  }
 
   // Collectives of one kind this rank has launched, counting those c10d rejected at launch.
   std::int64_t launched(collective c) const { return launched_[static_cast<std::size_t>(c)].load(); }

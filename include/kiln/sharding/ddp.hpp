@@ -73,12 +73,21 @@ class ddp : public kiln::detail::replicated_base {
 
   void prepare(torch::nn::Module& model) {
     replicate(model, megabytes(settings_.bucket_mb), megabytes(settings_.first_bucket_mb));
-
-    slot_of_.assign(params_.size(), {0, 0});
-    for (std::size_t b = 0; b < buckets_.size(); ++b)
-      for (std::size_t k = 0; k < buckets_[b].members.size(); ++k) slot_of_[buckets_[b].members[k]] = {b, k};
+    index_buckets();
     for (std::size_t i = 0; i < params_.size(); ++i)
       params_[i].register_hook([this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
+    start_backward();
+  }
+
+  // The accelerator's call once the precision policy has made what it will of the parameters:
+  // bf16-pure turns the model bf16 after prepare(), and the buckets are rebuilt for it, so its
+  // gradients travel as bf16 (where the backend sums bf16) rather than widened to fp32. The
+  // hooks stay: the parameters are the same tensors. DDP reduces the model's own gradients, so
+  // the optimizer's weights (fp32 masters) are not what it buckets.
+  void attach(const std::vector<torch::Tensor>& /*optimizer_weights*/) {
+    buckets_ = buckets_over(params_, first_cap_bytes_);
+    buffer_buckets_ = buckets_over(buffers_);
+    index_buckets();
     start_backward();
   }
 
@@ -120,7 +129,7 @@ class ddp : public kiln::detail::replicated_base {
       for (std::size_t k = 0; k < b.members.size(); ++k) {
         auto& p = params_[b.members[k]];
         if (p.grad().defined()) p.mutable_grad().copy_(b.slot(k, p));
-        else p.mutable_grad() = b.slot(k, p).clone();
+        else p.mutable_grad() = b.slot(k, p).to(p.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
       }
     }
     if (broadcast_buffers) kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
@@ -162,6 +171,12 @@ class ddp : public kiln::detail::replicated_base {
       ++gradient_allreduces_;
       count_collective(b);
     }
+  }
+
+  void index_buckets() {
+    slot_of_.assign(params_.size(), {0, 0});
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (std::size_t k = 0; k < buckets_[b].members.size(); ++k) slot_of_[buckets_[b].members[k]] = {b, k};
   }
 
   void start_backward() {

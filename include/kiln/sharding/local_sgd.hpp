@@ -53,6 +53,15 @@ class local_sgd : public kiln::detail::replicated_base {
 
   void prepare(torch::nn::Module& model) { replicate(model, megabytes(settings_.bucket_mb)); }
 
+  // The accelerator's call once the precision policy has made the weights the optimizer updates
+  // (bf16-pure: fp32 masters of the bf16 model, or under Kahan the bf16 parameters themselves):
+  // the averages go through buckets over those, in their dtype, and the buffers' in theirs.
+  void attach(const std::vector<torch::Tensor>& weights) {
+    check_weights(weights);
+    buckets_ = buckets_over(weights);
+    buffer_buckets_ = buckets_over(buffers_);
+  }
+
   struct scope {};
   scope no_sync() { return {}; }
   void finish_backward() {}
@@ -62,9 +71,7 @@ class local_sgd : public kiln::detail::replicated_base {
   // model's trainable parameters: the model's own, or a precision policy's fp32 masters
   // (bf16-pure), which are what must be averaged; the accelerator then rounds them into the model.
   void after_optimizer_step(std::int64_t step, std::int64_t total, const std::vector<torch::Tensor>& weights) {
-    if (weights.size() != params_.size())
-      throw config_error("local-sgd: the optimizer updates " + std::to_string(weights.size()) + " tensors, the model has " +
-                         std::to_string(params_.size()) + " trainable parameters");
+    check_weights(weights);
     if (step % settings_.sync_every == 0 || step == total) {
       kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true);
       kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
@@ -79,6 +86,12 @@ class local_sgd : public kiln::detail::replicated_base {
   std::int64_t parameter_averages() const { return averages_; }
 
  private:
+  void check_weights(const std::vector<torch::Tensor>& weights) const {
+    if (weights.size() != params_.size())
+      throw config_error("local-sgd: the optimizer updates " + std::to_string(weights.size()) + " tensors, the model has " +
+                         std::to_string(params_.size()) + " trainable parameters");
+  }
+
   settings settings_;
   std::int64_t averages_ = 0;
 };

@@ -16,6 +16,10 @@
 //                                              gradients are averaged over ranks (ddp): the
 //                                              accumulation axis then averages its sample and
 //                                              token counts over ranks too;
+//   attach(weights)                            called once prepare() and the precision policy
+//                                              are done, with the tensors the optimizer will
+//                                              update (bf16-pure: fp32 masters; the model's
+//                                              parameters may have changed dtype since prepare());
 //   after_optimizer_step(step, total, weights) called after every optimizer step with the
 //                                              tensors the optimizer updates (local-sgd
 //                                              averages them there);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -32,8 +33,9 @@ inline std::unique_ptr<process_group> join_process_group(std::string_view kind, 
       *env, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0)), backend);
 }
 
-// A run of parameters of one dtype laid end to end in one contiguous tensor: one collective per
-// bucket instead of one per parameter (Gloo's per-message latency dominates small tensors).
+// A run of parameters of one dtype laid end to end in one contiguous tensor (of the dtype the
+// group carries theirs in): one collective per bucket instead of one per parameter (Gloo's
+// per-message latency dominates small tensors).
 struct param_bucket {
   torch::Tensor flat;
   std::vector<std::size_t> members;   // indices into the parameter list
@@ -46,14 +48,21 @@ struct param_bucket {
   }
 };
 
+// What a bucket of one dtype's values travels in: the same dtype, unless the backend cannot sum
+// it (process_group::wire_dtype).
+using wire_dtype_of = std::function<c10::ScalarType(c10::ScalarType)>;
+
 // Buckets of at most cap_bytes (one parameter larger than that gets a bucket of its own), in
 // reverse parameter order: backward produces the last layers' gradients first, so the first
 // bucket fills first and its all-reduce starts while earlier layers are still differentiating.
 // first_cap_bytes (torch DDP: 1 MiB) caps the first bucket of each dtype: small, it fills after
 // the last few layers' gradients, so communication starts early instead of after most of backward.
+// A bucket holds one dtype's parameters and its flat tensor is in their wire dtype; the caps
+// count the bytes on the wire.
 inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& params, std::int64_t cap_bytes,
-                                              std::int64_t first_cap_bytes = -1) {
+                                              std::int64_t first_cap_bytes = -1, const wire_dtype_of& wire = {}) {
   if (first_cap_bytes < 0) first_cap_bytes = cap_bytes;
+  const auto carried = [&](c10::ScalarType t) { return wire ? wire(t) : t; };
   std::vector<param_bucket> buckets;
   std::int64_t bytes = 0, elements = 0;
   std::set<c10::ScalarType> dtypes_seen;
@@ -61,13 +70,13 @@ inline std::vector<param_bucket> make_buckets(const std::vector<torch::Tensor>& 
   auto close = [&] {
     if (buckets.empty() || buckets.back().members.empty()) return;
     const auto& first = params[buckets.back().members.front()];
-    buckets.back().flat = torch::zeros({elements}, first.options());
+    buckets.back().flat = torch::zeros({elements}, first.options().dtype(carried(first.scalar_type())));
     bytes = elements = 0;
   };
   for (std::size_t i = params.size(); i-- > 0;) {
     const auto& p = params[i];
     if (p.is_sparse()) throw config_error("ddp/local-sgd: sparse parameters are not supported");
-    const auto size = static_cast<std::int64_t>(p.numel() * p.element_size());
+    const auto size = static_cast<std::int64_t>(p.numel() * c10::elementSize(carried(p.scalar_type())));
     const auto cap = first_of_dtype ? first_cap_bytes : cap_bytes;
     const bool new_bucket = buckets.empty() || (bytes > 0 && bytes + size > cap) ||
                             params[buckets.back().members.front()].scalar_type() != p.scalar_type();
@@ -179,17 +188,25 @@ class replicated_base {
                              p.device().str() + "; set [train] device = \"cuda\" (or \"auto\"), or [sharding] "
                              "backend = \"gloo\" to train on the CPU");
     if (!params_.empty()) group_->use_device(params_.front().device());
-    buckets_ = make_buckets(params_, cap_bytes, first_cap_bytes);
+    cap_bytes_ = cap_bytes;
+    first_cap_bytes_ = first_cap_bytes;
+    buckets_ = buckets_over(params_, first_cap_bytes_);
     sync_tensors(*group_, buckets_, params_, /*average=*/false);
     buffers_ = synchronised_buffers(model);
-    buffer_buckets_ = make_buckets(buffers_, cap_bytes);
+    buffer_buckets_ = buckets_over(buffers_);
     sync_tensors(*group_, buffer_buckets_, buffers_, /*average=*/false);
+  }
+
+  // Buckets over `tensors` with this policy's caps, in the dtypes this group carries them in.
+  std::vector<param_bucket> buckets_over(const std::vector<torch::Tensor>& tensors, std::int64_t first_cap_bytes = -1) {
+    return make_buckets(tensors, cap_bytes_, first_cap_bytes, [this](c10::ScalarType t) { return group_->wire_dtype(t); });
   }
 
   static std::int64_t megabytes(double mb) { return static_cast<std::int64_t>(mb * 1024 * 1024); }
 
   std::unique_ptr<process_group> group_;
   std::int64_t collective_bytes_ = 0;
+  std::int64_t cap_bytes_ = 0, first_cap_bytes_ = -1;  // replicate()'s
   std::vector<torch::Tensor> params_;             // trainable, in registration order
   std::vector<param_bucket> buckets_;             // over params_
   std::vector<torch::Tensor> buffers_;            // synchronised_buffers()
