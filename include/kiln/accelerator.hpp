@@ -101,8 +101,6 @@ class accelerator {
     if constexpr (requires { precision_.prepare(model, named_params_); })
       named_params_ = precision_.prepare(model, named_params_);
     for (const auto& [name, p] : named_params_) params_.push_back(p);
-    // The sharding policy's buckets follow what the precision policy made of the parameters.
-    if constexpr (requires { sharding_.attach(params_); }) sharding_.attach(params_);
     if constexpr (requires { precision_.kahan_summation(); })
       if (precision_.kahan_summation()) {
         if constexpr (requires { optimizer_.use_kahan_summation(true); })
@@ -113,6 +111,13 @@ class accelerator {
                              "adamw, lion, adafactor and adam8bit have them); use kahan = false for fp32 master weights");
       }
     optimizer_.attach(named_params_);
+    // The sharding policy's buckets follow what the precision policy made of the parameters, and
+    // what the optimizer keeps beside them (Kahan compensations under bf16-pure's kahan = true).
+    if constexpr (requires { sharding_.attach(params_, params_); }) {
+      std::vector<torch::Tensor> compensations(params_.size());
+      if constexpr (requires { optimizer_.compensations(); }) compensations = optimizer_.compensations();
+      sharding_.attach(params_, compensations);
+    }
     // Where the sharding policy averages gradients over ranks, sample and token counts are
     // averaged alike (kiln/accumulation/steps.hpp says why).
     if constexpr (requires { sharding_t::averages_gradients; })

@@ -145,12 +145,12 @@ job_end signal_rank1(const long_job& job, int signal) {
   return end;
 }
 
-// One of tests/sharding/recipes' small checkpointed GPT jobs (ddp-* under `kiln launch -n 2`),
-// run into dir/name by the test CLI, which has their combinations compiled.
+// One of tests/sharding/recipes' small checkpointed GPT jobs (all but single-* under `kiln launch
+// -n 2`), run into dir/name by the test CLI, which has their combinations compiled.
 fs::path run_checkpointed_gpt(const fs::path& dir, const std::string& recipe, const std::string& name,
                               const std::string& extra = "") {
-  const bool ddp = recipe.rfind("ddp", 0) == 0;
-  auto result = kiln_cli(std::string(ddp ? "launch -n 2 '" : "run '") + KILN_SOURCE_DIR "/tests/sharding/recipes/" +
+  const bool one_process = recipe.rfind("single", 0) == 0;
+  auto result = kiln_cli(std::string(one_process ? "run '" : "launch -n 2 '") + KILN_SOURCE_DIR "/tests/sharding/recipes/" +
                              recipe + ".toml'" + extra + run_dir_option(dir / name),
                          KILN_TEST_CLI);
   REQUIRE_MESSAGE(result.status == 0, result.output);
@@ -267,7 +267,7 @@ TEST_SUITE("sharding") {
     CHECK(bf16_error < 0.1 * difference(half, single));
   }
 
-  TEST_CASE("ddp under bf16-pure, fp32 masters or Kahan: 2 ranks x 8 equal 1 process x 16, gradients sent as bf16 where Gloo sums bf16") {
+  TEST_CASE("ddp and local-sgd under bf16-pure, fp32 masters or Kahan: 2 ranks x 8 equal 1 process x 16, gradients sent as bf16 where Gloo sums bf16") {
     // bf16-pure turns the model bf16 after ddp has bucketed it: the buckets follow (attach()), so
     // the all-reduces carry bf16, or fp32 where this LibTorch's Gloo cannot sum bf16 (1.13).
     kiln::test::temp_dir dir("ddp_bf16_pure");
@@ -285,6 +285,20 @@ TEST_SUITE("sharding") {
       // Every step all-reduces each gradient once: the fp32 model's parameter count times the
       // bytes of the dtype on the wire.
       CHECK(summary_field(ddp, "collective_bytes") == steps * parameter_bytes(single) / 4 * wire_bytes);
+
+      // Local SGD averaging after every step is DDP's update under plain SGD, if what it averages
+      // is what the optimizer updates (the masters; under Kahan the bf16 weights with their
+      // compensations) and the average survives into the model. Rank 0's half of each batch
+      // alone is what undone averages give.
+      const auto local = run_checkpointed_gpt(dir.path, "local-sgd-checkpointed-bf16-pure", "local_" + kahan,
+                                              " --set precision.kahan=" + kahan);
+      const auto half = run_checkpointed_gpt(dir.path, "single-checkpointed-bf16", "half_" + kahan,
+                                             pure + " --set data.batch_size=8");
+      const double local_error = difference(local, one), half_error = difference(half, one);
+      MESSAGE("local-sgd vs one process ", local_error, "; rank 0's half alone ", half_error);
+      CHECK(local_error <= pure_error);
+      CHECK(half_error > 2 * pure_error);
+      CHECK(summary_field(local, "parameter_averages") == steps);
     }
   }
 
@@ -312,18 +326,10 @@ TEST_SUITE("sharding") {
     // DDP must average gradients weighted by the job's count, as one process's mean over all of
     // the batch's tokens is.
     kiln::test::temp_dir dir("ddp_tokens");
-    const std::string recipes = KILN_SOURCE_DIR "/tests/sharding/recipes/";
     const std::string tokens = " --set accumulation.normalize=tokens --set data.min_len=2 --set train.steps=6";
     auto run = [&](const std::string& recipe, const std::string& name, const std::string& extra) {
-      const bool ddp = recipe.rfind("ddp", 0) == 0;
-      auto result = kiln_cli(std::string(ddp ? "launch -n 2 '" : "run '") + recipes + recipe + ".toml'" + tokens +
-                                 extra + run_dir_option(dir.path / name),
-                             KILN_TEST_CLI);
-      REQUIRE_MESSAGE(result.status == 0, result.output);
-      return dir.path / name;
+      return run_checkpointed_gpt(dir.path, recipe, name, tokens + extra);
     };
-    const int gpt_tensors = 2 + 2 * 12 + 2 + 1;
-    auto difference = [&](const fs::path& a, const fs::path& b) { return max_parameter_difference(a, b, gpt_tensors); };
     const auto single = run("single-checkpointed", "single", "");
     CHECK(difference(run("ddp-checkpointed", "ddp", ""), single) <= 1e-5);
     // And with 2 micro-batches of 4 per rank: the window's count is the job's too.

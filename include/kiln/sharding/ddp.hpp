@@ -82,9 +82,10 @@ class ddp : public kiln::detail::replicated_base {
   // The accelerator's call once the precision policy has made what it will of the parameters:
   // bf16-pure turns the model bf16 after prepare(), and the buckets are rebuilt for it, so its
   // gradients travel as bf16 (where the backend sums bf16) rather than widened to fp32. The
-  // hooks stay: the parameters are the same tensors. DDP reduces the model's own gradients, so
-  // the optimizer's weights (fp32 masters) are not what it buckets.
-  void attach(const std::vector<torch::Tensor>& /*optimizer_weights*/) {
+  // hooks stay: the parameters are the same tensors. DDP reduces the model's own gradients, not
+  // the optimizer's weights (fp32 masters); Kahan compensations stay equal on every rank, as
+  // every rank applies the same averaged gradient to the same weights.
+  void attach(const std::vector<torch::Tensor>& /*weights*/, const std::vector<torch::Tensor>& /*compensations*/) {
     buckets_ = buckets_over(params_, first_cap_bytes_);
     buffer_buckets_ = buckets_over(buffers_);
     index_buckets();

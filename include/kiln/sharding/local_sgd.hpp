@@ -10,6 +10,7 @@
 // average, as DDP's do at each step, so the ranks evaluate and save one model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -54,11 +55,18 @@ class local_sgd : public kiln::detail::replicated_base {
   void prepare(torch::nn::Module& model) { replicate(model, megabytes(settings_.bucket_mb)); }
 
   // The accelerator's call once the precision policy has made the weights the optimizer updates
-  // (bf16-pure: fp32 masters of the bf16 model, or under Kahan the bf16 parameters themselves):
-  // the averages go through buckets over those, in their dtype, and the buffers' in theirs.
-  void attach(const std::vector<torch::Tensor>& weights) {
+  // (bf16-pure: fp32 masters of the bf16 model, or under Kahan the bf16 parameters themselves,
+  // with the optimizer's compensation of each, undefined where none): the averages go through
+  // buckets over those, in their dtype, and the buffers' in theirs. A compensated weight's value
+  // is finer than bf16, so its bucket is fp32.
+  void attach(const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& compensations) {
     check_weights(weights);
-    buckets_ = buckets_over(weights);
+    compensations_.clear();
+    if (std::any_of(compensations.begin(), compensations.end(), [](const auto& c) { return c.defined(); }))
+      compensations_ = compensations;
+    buckets_ = compensations_.empty()
+                   ? buckets_over(weights)
+                   : kiln::detail::make_buckets(weights, cap_bytes_, -1, [](c10::ScalarType) { return c10::kFloat; });
     buffer_buckets_ = buckets_over(buffers_);
   }
 
@@ -73,9 +81,11 @@ class local_sgd : public kiln::detail::replicated_base {
   void after_optimizer_step(std::int64_t step, std::int64_t total, const std::vector<torch::Tensor>& weights) {
     check_weights(weights);
     if (step % settings_.sync_every == 0 || step == total) {
-      kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true);
+      if (compensations_.empty()) kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true);
+      else start_compensated_average(weights);
       kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
-      kiln::detail::finish_sync(*group_, buckets_, weights, /*average=*/true);
+      if (compensations_.empty()) kiln::detail::finish_sync(*group_, buckets_, weights, /*average=*/true);
+      else finish_compensated_average(weights);
       kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
       ++averages_;
       for (const auto& b : buckets_) count_collective(b);
@@ -86,6 +96,37 @@ class local_sgd : public kiln::detail::replicated_base {
   std::int64_t parameter_averages() const { return averages_; }
 
  private:
+  // Under Kahan summation a weight's value is the bf16 weight plus its compensation. The fp32
+  // buckets average that, and each rank splits the average back into the weight and what
+  // rounding it to bf16 left over, so the ranks agree on both, as on fp32 masters. (Averaging
+  // the weights alone would leave each rank its own compensation, and the ranks a bf16 ulp apart.)
+  void start_compensated_average(const std::vector<torch::Tensor>& weights) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        const auto i = b.members[k];
+        auto value = b.slot(k, weights[i]);
+        value.copy_(weights[i]);
+        if (compensations_[i].defined()) value.add_(compensations_[i]);
+      }
+      b.in_flight.emplace(group_->allreduce_sum(b.flat));
+    }
+  }
+  void finish_compensated_average(const std::vector<torch::Tensor>& weights) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      b.in_flight->wait();
+      b.in_flight.reset();
+      b.flat.div_(static_cast<double>(world_size()));
+      for (std::size_t k = 0; k < b.members.size(); ++k) {
+        const auto i = b.members[k];
+        const auto value = b.slot(k, weights[i]);
+        weights[i].copy_(value);
+        if (compensations_[i].defined()) compensations_[i].copy_(value - weights[i]);
+      }
+    }
+  }
+
   void check_weights(const std::vector<torch::Tensor>& weights) const {
     if (weights.size() != params_.size())
       throw config_error("local-sgd: the optimizer updates " + std::to_string(weights.size()) + " tensors, the model has " +
@@ -93,6 +134,7 @@ class local_sgd : public kiln::detail::replicated_base {
   }
 
   settings settings_;
+  std::vector<torch::Tensor> compensations_;  // attach()'s, where the optimizer has any
   std::int64_t averages_ = 0;
 };
 

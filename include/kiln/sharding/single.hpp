@@ -16,10 +16,13 @@
 //                                              gradients are averaged over ranks (ddp): the
 //                                              accumulation axis then averages its sample and
 //                                              token counts over ranks too;
-//   attach(weights)                            called once prepare() and the precision policy
-//                                              are done, with the tensors the optimizer will
-//                                              update (bf16-pure: fp32 masters; the model's
-//                                              parameters may have changed dtype since prepare());
+//   attach(weights, compensations)             called once prepare(), the precision policy and
+//                                              the optimizer are set up, with the tensors the
+//                                              optimizer will update (bf16-pure: fp32 masters;
+//                                              the model's parameters may have changed dtype
+//                                              since prepare()) and its Kahan compensation of
+//                                              each (undefined where none): such a weight's
+//                                              value is weight + compensation;
 //   after_optimizer_step(step, total, weights) called after every optimizer step with the
 //                                              tensors the optimizer updates (local-sgd
 //                                              averages them there);

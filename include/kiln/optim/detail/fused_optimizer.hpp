@@ -99,6 +99,15 @@ class fused_optimizer {
 
   const std::vector<slot>& slots() const { return slots_; }
 
+  // Each parameter's Kahan compensation, in attach() order, undefined where it has none. Such a
+  // weight's value is the parameter plus its compensation: what a sharding policy that averages
+  // weights must average (local-sgd).
+  std::vector<torch::Tensor> compensations() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& s : slots_) out.push_back(s.compensation);
+    return out;
+  }
+
   std::int64_t state_bytes() const {
     std::int64_t bytes = 0;
     for (const auto& s : slots_) {
