@@ -81,11 +81,13 @@ class local_sgd : public kiln::detail::replicated_base {
   void after_optimizer_step(std::int64_t step, std::int64_t total, const std::vector<torch::Tensor>& weights) {
     check_weights(weights);
     if (step % settings_.sync_every == 0 || step == total) {
-      if (compensations_.empty()) kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true);
-      else start_compensated_average(weights);
+      // Under Kahan summation a weight's value is the bf16 weight plus its compensation: the fp32
+      // buckets average that, and each rank splits the average back into the two, so the ranks
+      // agree on both, as on fp32 masters (averaging the weights alone would leave each rank its
+      // own compensation, and the ranks a bf16 ulp apart).
+      kiln::detail::start_sync(*group_, buckets_, weights, /*average=*/true, compensations_);
       kiln::detail::start_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
-      if (compensations_.empty()) kiln::detail::finish_sync(*group_, buckets_, weights, /*average=*/true);
-      else finish_compensated_average(weights);
+      kiln::detail::finish_sync(*group_, buckets_, weights, /*average=*/true, compensations_);
       kiln::detail::finish_sync(*group_, buffer_buckets_, buffers_, /*average=*/false);
       ++averages_;
       for (const auto& b : buckets_) count_collective(b);
@@ -96,37 +98,6 @@ class local_sgd : public kiln::detail::replicated_base {
   std::int64_t parameter_averages() const { return averages_; }
 
  private:
-  // Under Kahan summation a weight's value is the bf16 weight plus its compensation. The fp32
-  // buckets average that, and each rank splits the average back into the weight and what
-  // rounding it to bf16 left over, so the ranks agree on both, as on fp32 masters. (Averaging
-  // the weights alone would leave each rank its own compensation, and the ranks a bf16 ulp apart.)
-  void start_compensated_average(const std::vector<torch::Tensor>& weights) {
-    torch::NoGradGuard no_grad;
-    for (auto& b : buckets_) {
-      for (std::size_t k = 0; k < b.members.size(); ++k) {
-        const auto i = b.members[k];
-        auto value = b.slot(k, weights[i]);
-        value.copy_(weights[i]);
-        if (compensations_[i].defined()) value.add_(compensations_[i]);
-      }
-      b.in_flight.emplace(group_->allreduce_sum(b.flat));
-    }
-  }
-  void finish_compensated_average(const std::vector<torch::Tensor>& weights) {
-    torch::NoGradGuard no_grad;
-    for (auto& b : buckets_) {
-      b.in_flight->wait();
-      b.in_flight.reset();
-      b.flat.div_(static_cast<double>(world_size()));
-      for (std::size_t k = 0; k < b.members.size(); ++k) {
-        const auto i = b.members[k];
-        const auto value = b.slot(k, weights[i]);
-        weights[i].copy_(value);
-        if (compensations_[i].defined()) compensations_[i].copy_(value - weights[i]);
-      }
-    }
-  }
-
   void check_weights(const std::vector<torch::Tensor>& weights) const {
     if (weights.size() != params_.size())
       throw config_error("local-sgd: the optimizer updates " + std::to_string(weights.size()) + " tensors, the model has " +

@@ -113,25 +113,40 @@ inline std::vector<torch::Tensor> synchronised_buffers(torch::nn::Module& model)
 
 // Starts one collective per bucket on the values of its members: the bucket-sized messages
 // travel back to back. `average`: a sum (Gloo has no average; finish_sync divides); else rank
-// 0's values go to everyone.
+// 0's values go to everyone. `compensations` (empty, or one per tensor, undefined where none):
+// Kahan residuals, each tensor's value being tensor + compensation; the buckets must then be
+// fine enough to hold that sum (fp32).
 inline void start_sync(process_group& group, std::vector<param_bucket>& buckets,
-                       const std::vector<torch::Tensor>& tensors, bool average) {
+                       const std::vector<torch::Tensor>& tensors, bool average,
+                       const std::vector<torch::Tensor>& compensations = {}) {
   torch::NoGradGuard no_grad;
   for (auto& b : buckets) {
-    for (std::size_t k = 0; k < b.members.size(); ++k) b.slot(k, tensors[b.members[k]]).copy_(tensors[b.members[k]]);
+    for (std::size_t k = 0; k < b.members.size(); ++k) {
+      const auto i = b.members[k];
+      auto value = b.slot(k, tensors[i]);
+      value.copy_(tensors[i]);
+      if (!compensations.empty() && compensations[i].defined()) value.add_(compensations[i]);
+    }
     b.in_flight.emplace(average ? group.allreduce_sum(b.flat) : group.broadcast(b.flat, 0));
   }
 }
 
-// Waits for start_sync's collectives and writes the results back into the tensors.
+// Waits for start_sync's collectives and writes the results back into the tensors; a compensated
+// tensor gets the result rounded to its dtype and its compensation what that rounding left over.
 inline void finish_sync(process_group& group, std::vector<param_bucket>& buckets,
-                        const std::vector<torch::Tensor>& tensors, bool average) {
+                        const std::vector<torch::Tensor>& tensors, bool average,
+                        const std::vector<torch::Tensor>& compensations = {}) {
   torch::NoGradGuard no_grad;
   for (auto& b : buckets) {
     b.in_flight->wait();
     b.in_flight.reset();
     if (average) b.flat.div_(static_cast<double>(group.world()));
-    for (std::size_t k = 0; k < b.members.size(); ++k) tensors[b.members[k]].copy_(b.slot(k, tensors[b.members[k]]));
+    for (std::size_t k = 0; k < b.members.size(); ++k) {
+      const auto i = b.members[k];
+      const auto value = b.slot(k, tensors[i]);
+      tensors[i].copy_(value);
+      if (!compensations.empty() && compensations[i].defined()) compensations[i].copy_(value - tensors[i]);
+    }
   }
 }
 
