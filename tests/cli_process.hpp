@@ -8,6 +8,8 @@
 
 #include <sys/wait.h>
 
+#include "text_checks.hpp"
+
 namespace kiln::test {
 
 struct cli_result {
@@ -30,10 +32,6 @@ inline cli_result kiln_cli(const std::string& args, const std::string& cli = KIL
   const int status = ::pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
-}
-
-inline bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace kiln::test

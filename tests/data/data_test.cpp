@@ -18,24 +18,15 @@
 
 #include <set>
 
+#include "../temp_dir.hpp"
+#include "../text_checks.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test case, removed at the end of it.
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& name)
-      : path(fs::temp_directory_path() /
-             ("kiln_data_test_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using kiln::test::contains;
+using kiln::test::temp_dir;
 
 void put_u32(std::vector<unsigned char>& out, std::uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<unsigned char>(v >> shift));
@@ -74,10 +65,6 @@ std::string data_error_text(const fs::path& dir, kiln::data::split s = kiln::dat
     return e.what();
   }
   return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace

@@ -71,9 +71,9 @@ TEST_CASE("an unknown key in an axis table names file:line, the key and the clos
   kiln::optim::adamw::settings s;
   CHECK_THROWS_WITH_AS(r.read_axis("optimizer", s), doctest::Contains("file.toml:6"), kiln::config_error);
   const auto message = error_of([&] { r.read_axis("optimizer", s); });
-  CHECK(message.find("unknown key optimizer.lrr") != std::string::npos);
-  CHECK(message.find("did you mean \"lr\"") != std::string::npos);
-  CHECK(message.find("[optimizer] accepts: lr, beta1, beta2, eps, weight_decay, amsgrad") != std::string::npos);
+  CHECK(contains(message, "unknown key optimizer.lrr"));
+  CHECK(contains(message, "did you mean \"lr\""));
+  CHECK(contains(message, "[optimizer] accepts: lr, beta1, beta2, eps, weight_decay, amsgrad"));
   // The same recipe through the whole resolution path.
   CHECK_THROWS_WITH_AS(kiln::resolve_recipe<adamw_trainer>(r), doctest::Contains("unknown key optimizer.lrr"),
                        kiln::config_error);
@@ -83,9 +83,9 @@ TEST_CASE("an unknown key in a fixed table is rejected when loading") {
   temp_dir dir("unknown_fixed_key");
   auto file = dir.write("file.toml", head + "[train]\nsteps = 3\nstepz = 4\n");
   const auto message = error_of([&] { kiln::load_recipe(file); });
-  CHECK(message.find("file.toml:5") != std::string::npos);
-  CHECK(message.find("unknown key train.stepz") != std::string::npos);
-  CHECK(message.find("did you mean \"steps\"") != std::string::npos);
+  CHECK(contains(message, "file.toml:5"));
+  CHECK(contains(message, "unknown key train.stepz"));
+  CHECK(contains(message, "did you mean \"steps\""));
 }
 
 TEST_CASE("an axis table with no keys but kind says so") {
@@ -100,7 +100,7 @@ TEST_CASE("an axis table with no keys but kind says so") {
   // and the message reads "[precision] accepts: kind".
   const auto message = error_of([&] { kiln::resolve_recipe<adamw_trainer>(r); });
   CAPTURE(message);
-  CHECK(message.find("[precision] accepts: no keys besides kind") != std::string::npos);
+  CHECK(contains(message, "[precision] accepts: no keys besides kind"));
 }
 
 TEST_CASE("an unknown table names its line and the closest known table") {
@@ -108,16 +108,16 @@ TEST_CASE("an unknown table names its line and the closest known table") {
   auto file = dir.write("file.toml", head + "\n\n[trian]\nsteps = 3\n");
   CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:5"), kiln::config_error);
   const auto message = error_of([&] { kiln::load_recipe(file); });
-  CHECK(message.find("unknown table [trian]") != std::string::npos);
-  CHECK(message.find("did you mean \"train\"") != std::string::npos);
+  CHECK(contains(message, "unknown table [trian]"));
+  CHECK(contains(message, "did you mean \"train\""));
 }
 
 TEST_CASE("a far-off unknown table gets no suggestion") {
   temp_dir dir("far_table");
   auto file = dir.write("file.toml", head + "[xyzzyplugh]\na = 1\n");
   const auto message = error_of([&] { kiln::load_recipe(file); });
-  CHECK(message.find("unknown table [xyzzyplugh]") != std::string::npos);
-  CHECK(message.find("did you mean") == std::string::npos);
+  CHECK(contains(message, "unknown table [xyzzyplugh]"));
+  CHECK_FALSE(contains(message, "did you mean"));
 }
 
 TEST_CASE("a top-level value where a table belongs is rejected") {
@@ -171,7 +171,7 @@ TEST_CASE("a value out of range names the value and the range") {
     auto f = dir.write("f.toml", head + "[model]\ndropout = 1.5\n");
     CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("f.toml:4: model.dropout = 1.5: expected a value"),
                          kiln::config_error);
-    CHECK(error_of([&] { kiln::load_recipe(f); }).find("[0, 1)") != std::string::npos);
+    CHECK(contains(error_of([&] { kiln::load_recipe(f); }), "[0, 1)"));
   }
   SUBCASE("batch_size") {
     auto f = dir.write("f.toml", head + "[data]\nbatch_size = 0\n");
@@ -191,7 +191,7 @@ TEST_CASE("a value out of range names the value and the range") {
     CHECK_THROWS_WITH_AS(kiln::load_recipe(f), doctest::Contains("expected one of \"mlp\", \"cnn\", \"gpt\""),
                          kiln::config_error);
     auto message = error_of([&] { kiln::load_recipe(f); });
-    CHECK(message.find("did you mean") == std::string::npos);  // "resnet" is no near miss
+    CHECK_FALSE(contains(message, "did you mean"));  // "resnet" is no near miss
   }
   SUBCASE("a choice one letter off is suggested") {
     auto f = dir.write("f.toml", head + "[model]\nkind = \"gtp\"\n");
@@ -212,8 +212,8 @@ TEST_CASE("a policy kind that does not exist lists the kinds of its axis") {
   CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("file.toml:4: optimizer.kind = \"adam\""),
                        kiln::config_error);
   const auto message = error_of([&] { kiln::load_recipe(file); });
-  CHECK(message.find("\"sgd\"") != std::string::npos);
-  CHECK(message.find("\"adamw\"") != std::string::npos);
+  CHECK(contains(message, "\"sgd\""));
+  CHECK(contains(message, "\"adamw\""));
 }
 
 TEST_CASE("a list of profilers is read in one order and each wrong element is named") {
@@ -317,9 +317,9 @@ TEST_CASE("--set overrides") {
   }
   SUBCASE("an error in an override names the override, not a line") {
     const auto message = error_of([&] { kiln::load_recipe(file, {"data.batch_size=-1"}); });
-    CHECK(message.find("--set data.batch_size=-1") != std::string::npos);
-    CHECK(message.find("expected a value > 0") != std::string::npos);
-    CHECK(message.find("recipe.toml:") == std::string::npos);
+    CHECK(contains(message, "--set data.batch_size=-1"));
+    CHECK(contains(message, "expected a value > 0"));
+    CHECK_FALSE(contains(message, "recipe.toml:"));
     CHECK_THROWS_WITH_AS(kiln::load_recipe(file, {"data.batch_size=-1"}),
                          doctest::Contains("--set data.batch_size=-1"), kiln::config_error);
   }
@@ -487,14 +487,14 @@ TEST_CASE("the resolved recipe holds every table with every value") {
   const auto [text, fingerprint] = kiln::resolve_recipe<adamw_trainer>(r);
   for (const char* table : {"[recipe]", "[model]", "[data]", "[train]", "[scheduler]", "[run]", "[precision]",
                             "[accumulation]", "[checkpointing]", "[sharding]", "[optimizer]", "[profiler]"})
-    CHECK(text.find(std::string("\n") + table + "\n") != std::string::npos);
-  CHECK(text.find("\nlr = 0.0003 ") != std::string::npos);
-  CHECK(text.find("\nbeta2 = 0.999 ") != std::string::npos);
-  CHECK(text.find("kind = \"adamw\"") != std::string::npos);
+    CHECK(contains(text, std::string("\n") + table + "\n"));
+  CHECK(contains(text, "\nlr = 0.0003 "));
+  CHECK(contains(text, "\nbeta2 = 0.999 "));
+  CHECK(contains(text, "kind = \"adamw\""));
   // The fingerprint covers what a resumed run must share: model, data and policies, not the step count.
-  CHECK(fingerprint.find("[model]") != std::string::npos);
-  CHECK(fingerprint.find("[optimizer]") != std::string::npos);
-  CHECK(fingerprint.find("[train]") == std::string::npos);
+  CHECK(contains(fingerprint, "[model]"));
+  CHECK(contains(fingerprint, "[optimizer]"));
+  CHECK_FALSE(contains(fingerprint, "[train]"));
   auto longer = kiln::load_recipe(fs::path(KILN_SOURCE_DIR) / "recipes" / "quickstart.toml",
                                   {"optimizer.lr=3e-4", "train.steps=999"});
   CHECK(kiln::resolve_recipe<adamw_trainer>(longer).second == fingerprint);
@@ -509,7 +509,7 @@ TEST_CASE("a resolved recipe with combined profilers reads back as the same comb
   using trainer_t = kiln::trainer<kiln::optim::adamw, kiln::profiler::profile<kiln::profiler::ops_collector,
                     kiln::profiler::trace_collector, kiln::profiler::memory_collector, kiln::profiler::phases_collector>>;
   const auto text = kiln::resolve_recipe<trainer_t>(r).first;
-  CHECK(text.find("kind = [\"ops\", \"trace\", \"memory\", \"phases\"]") != std::string::npos);
+  CHECK(contains(text, "kind = [\"ops\", \"trace\", \"memory\", \"phases\"]"));
   auto again = kiln::load_recipe(dir.write("resolved.toml", text));
   CHECK(again.kinds == r.kinds);
 }
