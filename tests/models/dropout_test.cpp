@@ -88,10 +88,12 @@ TEST_SUITE("dropout") {
     }
   }
 
-  // A process uses one width (8 lanes with AVX2, else 4): both are run here directly, so the one a
-  // machine without AVX2 dispatches to is checked on every machine.
-  TEST_CASE("the 4-lane and 8-lane kernels keep the documented elements, in fp32, bf16 and fp16") {
-    const std::int64_t n = 32 * 40 + 7;  // whole groups and a partial one
+  // A process uses one kernel (AVX-512, AVX2 or the baseline, by its CPU): each is run here directly,
+  // so the baseline one that a machine without AVX2 dispatches to is checked on every machine, and
+  // the portable one (non-x86 CPUs, Clang) on x86 too. Ranges start at an odd group and end at a
+  // partial one, so AVX-512's two groups per call meet both edges.
+  TEST_CASE("each instruction set's kernel keeps the documented elements, in fp32, bf16 and fp16") {
+    const std::int64_t n = 32 * 41 + 7;  // whole groups and a partial one
     const std::int64_t groups = (n + d::dropout_group_size - 1) / d::dropout_group_size;
     const auto key = key_after_seed(5);
     torch::manual_seed(5);
@@ -102,19 +104,23 @@ TEST_SUITE("dropout") {
       CAPTURE(dtype_name);
       const auto x = (torch::randn({n}) + 3.0).to(dtype);
       const auto expected = (x.to(torch::kFloat32) * mask.scale).to(dtype) * keep;
-      auto narrow = torch::empty_like(x), wide = torch::empty_like(x);
-      if (dtype == torch::kFloat32) {
-        d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<float>(), narrow.data_ptr<float>());
-        d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<float>(), wide.data_ptr<float>());
-      } else if (dtype == torch::kBFloat16) {
-        d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<c10::BFloat16>(), narrow.data_ptr<c10::BFloat16>());
-        d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<c10::BFloat16>(), wide.data_ptr<c10::BFloat16>());
-      } else {
-        d::masked_scale_range<4>(mask, 0, groups, n, x.data_ptr<c10::Half>(), narrow.data_ptr<c10::Half>());
-        d::masked_scale_range<8>(mask, 0, groups, n, x.data_ptr<c10::Half>(), wide.data_ptr<c10::Half>());
-      }
-      CHECK(torch::equal(narrow, expected));
-      CHECK(torch::equal(wide, expected));
+      d::with_lane_storage(dtype, [&]<class T>(std::type_identity<T>) {
+        const auto check = [&](const std::string& kernel_name, auto kernel) {
+          CAPTURE(kernel_name);
+          auto out = torch::empty_like(x);
+          kernel(mask, 0, 1, n, x.data_ptr<T>(), out.data_ptr<T>());
+          kernel(mask, 1, groups, n, x.data_ptr<T>(), out.data_ptr<T>());
+          CHECK(torch::equal(out, expected));
+        };
+        check("portable", [](auto&&... a) { d::masked_scale_range<d::philox_generic, 4>(a...); });
+        check("baseline", [](auto&&... a) { d::masked_scale_baseline(a...); });
+#ifdef KILN_GCC_X86
+        if (d::cpu_has_avx2()) check("avx2", [](auto&&... a) { d::masked_scale_avx2(a...); });
+        else MESSAGE("no AVX2 here: its dropout kernel is not checked");
+        if (d::cpu_has_avx512()) check("avx512", [](auto&&... a) { d::masked_scale_avx512(a...); });
+        else MESSAGE("no AVX-512 here: its dropout kernel is not checked");
+#endif
+      });
     }
   }
 

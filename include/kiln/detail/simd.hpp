@@ -10,7 +10,7 @@
 // loop is compiled twice: once for the x86-64 baseline (SSE2, 4 lanes of 32 bits) and once inside
 // a `target("avx2")` region (8 lanes), chosen once per process from the CPU (cpu_has_avx2);
 // bodies written outside that region are inlined into both. Elsewhere (other CPUs, Clang) the
-// baseline alone.
+// baseline alone. (Dropout's random bits have an AVX-512 copy as well: dropout_kernel.hpp.)
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -31,7 +31,7 @@
 
 namespace kiln::detail {
 
-// GCC vector types of 4 and 8 lanes (a vector_size attribute on an alias template would be
+// GCC vector types of 4, 8 and 16 lanes (a vector_size attribute on an alias template would be
 // dropped, hence the spelled-out sets).
 template <int Width>
 struct lanes;
@@ -52,6 +52,15 @@ struct lanes<8> {
   typedef std::uint64_t u64 __attribute__((vector_size(64)));
   typedef std::uint16_t u16 __attribute__((vector_size(16)));
   typedef std::uint8_t u8 __attribute__((vector_size(8)));
+};
+template <>
+struct lanes<16> {
+  typedef float f32 __attribute__((vector_size(64)));
+  typedef std::uint32_t u32 __attribute__((vector_size(64)));
+  typedef std::int32_t i32 __attribute__((vector_size(64)));
+  typedef std::uint64_t u64 __attribute__((vector_size(128)));
+  typedef std::uint16_t u16 __attribute__((vector_size(32)));
+  typedef std::uint8_t u8 __attribute__((vector_size(16)));
 };
 template <int Width>
 using float_vec = typename lanes<Width>::f32;
@@ -191,6 +200,11 @@ template <class V, class T>
 #ifdef KILN_GCC_X86
 inline bool cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+// AVX-512 Foundation (and the OS saving its registers): dropout's Philox has a copy for it.
+inline bool cpu_has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
 #endif

@@ -9,7 +9,10 @@
 // vectorised and on every thread, and the result does not depend on how it was split; and the
 // backward recomputes the mask from the call's 64-bit key instead of keeping it (the idea of
 // FlashAttention's and cuDNN's dropout), so dropout holds no memory between forward and backward.
-// Each direction is one pass: out = kept ? in * scale : 0.
+// Each direction is one pass: out = kept ? in * scale : 0. Generating the bits is most of that
+// pass's work (the multiplies below), so their loop has three copies, for the x86-64 baseline
+// (SSE2), AVX2 and AVX-512, picked from the CPU once per process: `./kiln bench dropout` measures
+// each against LibTorch's dropout and the copy bound.
 //
 // The generator: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11), the one behind PyTorch's and cuRAND's GPU dropout; it passes TestU01's BigCrush.
@@ -26,6 +29,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -37,84 +41,108 @@
 
 #include "kiln/detail/simd.hpp"
 
+#ifdef KILN_GCC_X86
+#include <immintrin.h>  // the multiplies: _mm_mul_epu32 and its AVX2 and AVX-512 forms
+#endif
+
 namespace kiln::detail {
 
 inline constexpr std::uint32_t philox_m0 = 0xD2511F53u, philox_m1 = 0xCD9E8D57u;
 inline constexpr std::uint32_t philox_w0 = 0x9E3779B9u, philox_w1 = 0xBB67AE85u;
 
-// hi:lo = a * m for each 32-bit lane. x86: pmuludq multiplies the even lanes into 64 bits; a
-// second one takes the odd lanes shifted down, and blends put the halves back in lane order.
-// (Written as a 64-bit vector multiply, GCC turns the constant into shift-and-add chains that
-// cost several times more.)
-template <class U>
-[[gnu::always_inline]] inline void mulhilo(const U& a, std::uint32_t m, U& hi, U& lo) {
-  using u64 = u64_vec<sizeof(U) / 4>;
-  const u64 p = __builtin_convertvector(a, u64) * std::uint64_t{m};
-  hi = __builtin_convertvector(p >> 32, U);
-  lo = __builtin_convertvector(p, U);
-}
+// The rounds run on 64-bit lanes, one Philox block per lane, each 32-bit word of the state in the
+// low half of its lane. Philox's multiply then is exactly x86's pmuludq (the low halves of two
+// 64-bit lanes into a 64-bit product): hi is the product shifted down, lo is the product itself
+// (its high half is garbage that the next multiply ignores), and no shuffles are needed. The
+// high halves of the other words hold garbage too; only the low halves are ever read.
+//
+// The multiply comes from a small struct per instruction set: V (the 64-bit-lane vector) and
+// mul(a, m) = low32(a) * low32(m) lane by lane. The AVX2 and AVX-512 ones are defined inside
+// `target` regions and are plain `inline`, not always_inline: the templates below are compiled for
+// the baseline, so GCC may not inline an AVX2 function into them; it inlines it once they have
+// been inlined into the region's function. (GCC does not turn a vector multiply of masked or
+// zero-extended 64-bit lanes into pmuludq itself: it emits the full 64x64 sequence, three
+// multiplies.)
+struct philox_generic {
+  typedef std::uint64_t V __attribute__((vector_size(16)));
+  static constexpr int lanes = 2;
+  [[gnu::always_inline]] static void mul(const V& a, const V& m, V& product) { product = (a & 0xFFFFFFFFu) * m; }
+};
 #ifdef KILN_GCC_X86
-typedef int philox_i32x4 __attribute__((vector_size(16)));
-typedef std::uint64_t philox_u64x2 __attribute__((vector_size(16)));
-[[gnu::always_inline]] inline void mulhilo(const u32_vec<4>& a, std::uint32_t m, u32_vec<4>& hi, u32_vec<4>& lo) {
-  const philox_i32x4 mv = philox_i32x4{} + static_cast<int>(m);
-  const auto even = (u32_vec<4>)__builtin_ia32_pmuludq128((philox_i32x4)a, mv);
-  const auto odd = (u32_vec<4>)__builtin_ia32_pmuludq128((philox_i32x4)((philox_u64x2)a >> 32), mv);
-  hi = __builtin_shufflevector(even, odd, 1, 5, 3, 7);
-  lo = __builtin_shufflevector(even, odd, 0, 4, 2, 6);
-}
-// 8 lanes as two halves of 4 (SSE2 builtins: a template is compiled for the baseline before
-// it is inlined into the AVX2 copy, so it cannot call AVX2 builtins itself).
-[[gnu::always_inline]] inline void mulhilo(const u32_vec<8>& a, std::uint32_t m, u32_vec<8>& hi, u32_vec<8>& lo) {
-  u32_vec<4> hi_low, lo_low, hi_high, lo_high;
-  mulhilo(u32_vec<4>(__builtin_shufflevector(a, a, 0, 1, 2, 3)), m, hi_low, lo_low);
-  mulhilo(u32_vec<4>(__builtin_shufflevector(a, a, 4, 5, 6, 7)), m, hi_high, lo_high);
-  hi = __builtin_shufflevector(hi_low, hi_high, 0, 1, 2, 3, 4, 5, 6, 7);
-  lo = __builtin_shufflevector(lo_low, lo_high, 0, 1, 2, 3, 4, 5, 6, 7);
-}
+struct philox_sse2 {
+  typedef std::uint64_t V __attribute__((vector_size(16)));
+  static constexpr int lanes = 2;
+  [[gnu::always_inline]] static void mul(const V& a, const V& m, V& product) {
+    product = (V)_mm_mul_epu32((__m128i)a, (__m128i)m);
+  }
+};
+using philox_baseline = philox_sse2;
+#else
+using philox_baseline = philox_generic;
 #endif
 
-// Philox4x32-10 on `Width` counters at once (lane j of c0..c3 is one counter), in place.
-template <int Width>
-[[gnu::always_inline]] inline void philox_rounds(u32_vec<Width>& c0, u32_vec<Width>& c1, u32_vec<Width>& c2,
-                                                 u32_vec<Width>& c3, std::uint32_t k0, std::uint32_t k1) {
-  using u32 = u32_vec<Width>;
+// Philox4x32-10 on Ops::lanes blocks at once (lane j of c0..c3 is one block's counter), in place.
+template <class Ops>
+[[gnu::always_inline]] inline void philox_rounds(typename Ops::V& c0, typename Ops::V& c1, typename Ops::V& c2,
+                                                 typename Ops::V& c3, std::uint32_t k0, std::uint32_t k1) {
+  using V = typename Ops::V;
+  const V m0 = V{} + philox_m0, m1 = V{} + philox_m1;
   for (int round = 0; round < 10; ++round) {
-    u32 hi0, lo0, hi1, lo1;
-    mulhilo(c0, philox_m0, hi0, lo0);
-    mulhilo(c2, philox_m1, hi1, lo1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
+    V product0, product1;
+    Ops::mul(c0, m0, product0);
+    Ops::mul(c2, m1, product1);
+    c0 = (product1 >> 32) ^ c1 ^ k0;
+    c1 = product1;
+    c2 = (product0 >> 32) ^ c3 ^ k1;
+    c3 = product0;
     k0 += philox_w0;
     k1 += philox_w1;
   }
 }
 
-// The 32 random words of group `group` under `seed`, in element order (see the layout above).
-template <int Width>
-[[gnu::always_inline]] inline void philox_group(std::uint64_t seed, std::uint64_t group, std::uint32_t* words) {
-  u32_vec<Width> lane;
-  for (int j = 0; j < Width; ++j) lane[j] = static_cast<std::uint32_t>(j);
-  for (int half = 0; half < 8 / Width; ++half) {
-    // 8 * group is a multiple of 8, so adding a lane number (< 8) never carries into c1.
-    const std::uint64_t first = 8 * group + static_cast<std::uint64_t>(half * Width);
-    u32_vec<Width> c0 = lane + static_cast<std::uint32_t>(first);
-    u32_vec<Width> c1 = u32_vec<Width>{} + static_cast<std::uint32_t>(first >> 32);
-    u32_vec<Width> c2{}, c3{};
-    philox_rounds<Width>(c0, c1, c2, c3, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
-    const std::array<const u32_vec<Width>*, 4> word{&c0, &c1, &c2, &c3};
-    for (int w = 0; w < 4; ++w) std::memcpy(words + 8 * w + half * Width, word[w], sizeof(u32_vec<Width>));
+// Groups one call of philox_groups fills: one, or two for AVX-512's 16 blocks.
+template <class Ops>
+inline constexpr int philox_groups_per_call = Ops::lanes <= 4 ? 1 : Ops::lanes / 4;
+
+// The 32 random words of each of the groups [group, group + philox_groups_per_call<Ops>) under
+// `seed`, in element order (see the layout above). The rounds run twice side by side, on the even
+// and on the odd blocks, so that joining the two results' low halves, (even | odd << 32), puts the
+// words of consecutive blocks in consecutive 32-bit lanes.
+template <class Ops>
+[[gnu::always_inline]] inline void philox_groups(std::uint64_t seed, std::uint64_t group, std::uint32_t* words) {
+  using V = typename Ops::V;
+  constexpr int blocks = 2 * Ops::lanes;  // per pass
+  constexpr int run = blocks < 8 ? blocks : 8;  // consecutive words per store
+  V even_lane;
+  for (int j = 0; j < Ops::lanes; ++j) even_lane[j] = static_cast<std::uint64_t>(2 * j);
+  const auto k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int first = 0; first < 8 * philox_groups_per_call<Ops>; first += blocks) {
+    const V even = even_lane + (8 * group + static_cast<std::uint64_t>(first)), odd = even + 1u;
+    V e0 = even, e1 = even >> 32, e2{}, e3{};
+    V o0 = odd, o1 = odd >> 32, o2{}, o3{};
+    philox_rounds<Ops>(e0, e1, e2, e3, k0, k1);
+    philox_rounds<Ops>(o0, o1, o2, o3, k0, k1);
+    const std::array<V, 4> words_in_order{(e0 & 0xFFFFFFFFu) | (o0 << 32), (e1 & 0xFFFFFFFFu) | (o1 << 32),
+                                          (e2 & 0xFFFFFFFFu) | (o2 << 32), (e3 & 0xFFFFFFFFu) | (o3 << 32)};
+    for (int w = 0; w < 4; ++w) {
+      std::uint32_t lane_words[blocks];
+      std::memcpy(lane_words, &words_in_order[w], sizeof(lane_words));
+      for (int lane = 0; lane < blocks; lane += run) {
+        const int block = first + lane;  // counted from group's first block
+        std::memcpy(words + 32 * (block / 8) + 8 * w + block % 8, lane_words + lane, run * sizeof(std::uint32_t));
+      }
+    }
   }
 }
 
 // Philox4x32-10 of one counter under one key: the kernel's own rounds, for known-answer tests.
 inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter, std::array<std::uint32_t, 2> key) {
-  u32_vec<4> c0{}, c1{}, c2{}, c3{};
+  using V = philox_baseline::V;
+  V c0{}, c1{}, c2{}, c3{};
   c0[0] = counter[0], c1[0] = counter[1], c2[0] = counter[2], c3[0] = counter[3];
-  philox_rounds<4>(c0, c1, c2, c3, key[0], key[1]);
-  return {c0[0], c1[0], c2[0], c3[0]};
+  philox_rounds<philox_baseline>(c0, c1, c2, c3, key[0], key[1]);
+  return {static_cast<std::uint32_t>(c0[0]), static_cast<std::uint32_t>(c1[0]), static_cast<std::uint32_t>(c2[0]),
+          static_cast<std::uint32_t>(c3[0])};
 }
 
 // Everything that decides one call's mask: forward and backward recompute it from these alone,
@@ -138,38 +166,71 @@ template <class V, class U>
   return out;
 }
 
-// out = kept ? in * scale : 0 over the elements of groups [first, last) of n. Forward (in = x)
-// and backward (in = the output's gradient) are this same pass under the same mask.
-template <int Width, class T>
+// out = kept ? in * scale : 0 over the elements of groups [first, last) of n, with the words from
+// `Ops`'s Philox and Width float lanes. Forward (in = x) and backward (in = the output's gradient)
+// are this same pass under the same mask.
+template <class Ops, int Width, class T>
 [[gnu::always_inline]] inline void masked_scale_range(const dropout_mask& m, std::int64_t first, std::int64_t last,
                                                       std::int64_t n, const T* in, T* out) {
   using V = float_vec<Width>;
   using U = u32_vec<Width>;
-  alignas(32) std::uint32_t words[dropout_group_size];
-  for (std::int64_t g = first; g < last; ++g) {
-    philox_group<Width>(m.seed, static_cast<std::uint64_t>(g), words);
-    const std::int64_t base = g * dropout_group_size;
-    if (base + dropout_group_size <= n) {
-      for (int k = 0; k < dropout_group_size; k += Width) {
-        U r;
-        std::memcpy(&r, words + k, sizeof(U));
-        const U kept = (U)(r < m.keep_threshold);  // all ones where kept
-        store<V>(out + base + k, only_kept(load<V>(in + base + k) * m.scale, kept));
+  constexpr int groups_per_call = philox_groups_per_call<Ops>;
+  alignas(64) std::uint32_t words[groups_per_call * dropout_group_size];
+  for (std::int64_t call = first; call < last; call += groups_per_call) {
+    // Past `last` a call's second group is computed and ignored.
+    philox_groups<Ops>(m.seed, static_cast<std::uint64_t>(call), words);
+    for (std::int64_t g = call; g < std::min(call + groups_per_call, last); ++g) {
+      const std::uint32_t* group_words = words + (g - call) * dropout_group_size;
+      const std::int64_t base = g * dropout_group_size;
+      if (base + dropout_group_size <= n) {
+        for (int k = 0; k < dropout_group_size; k += Width) {
+          U r;
+          std::memcpy(&r, group_words + k, sizeof(U));
+          const U kept = (U)(r < m.keep_threshold);  // all ones where kept
+          store<V>(out + base + k, only_kept(load<V>(in + base + k) * m.scale, kept));
+        }
+      } else {  // the last, partial group
+        for (std::int64_t i = base; i < n; ++i)
+          out[i] = static_cast<T>(group_words[i - base] < m.keep_threshold ? static_cast<float>(in[i]) * m.scale : 0.0f);
       }
-    } else {  // the last, partial group
-      for (std::int64_t i = base; i < n; ++i)
-        out[i] = static_cast<T>(words[i - base] < m.keep_threshold ? static_cast<float>(in[i]) * m.scale : 0.0f);
     }
   }
+}
+
+// One function per instruction set, each the kernel compiled for it; masked_scale_loop picks one
+// from the CPU. (Tests call each directly, so each is checked on every machine that can run it.)
+template <class T>
+void masked_scale_baseline(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const T* in,
+                           T* out) {
+  masked_scale_range<philox_baseline, 4>(m, first, last, n, in, out);
 }
 
 #ifdef KILN_GCC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2")
+struct philox_avx2 {
+  typedef std::uint64_t V __attribute__((vector_size(32)));
+  static constexpr int lanes = 4;
+  static void mul(const V& a, const V& m, V& product) { product = (V)_mm256_mul_epu32((__m256i)a, (__m256i)m); }
+};
 template <class T>
 void masked_scale_avx2(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const T* in,
                        T* out) {
-  masked_scale_range<8>(m, first, last, n, in, out);
+  masked_scale_range<philox_avx2, 8>(m, first, last, n, in, out);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+struct philox_avx512 {
+  typedef std::uint64_t V __attribute__((vector_size(64)));
+  static constexpr int lanes = 8;
+  static void mul(const V& a, const V& m, V& product) { product = (V)_mm512_mul_epu32((__m512i)a, (__m512i)m); }
+};
+template <class T>
+void masked_scale_avx512(const dropout_mask& m, std::int64_t first, std::int64_t last, std::int64_t n, const T* in,
+                         T* out) {
+  masked_scale_range<philox_avx512, 16>(m, first, last, n, in, out);
 }
 #pragma GCC pop_options
 #endif
@@ -182,9 +243,10 @@ void masked_scale_loop(const dropout_mask& m, std::int64_t n, const T* in, T* ou
   const std::int64_t groups = (n + dropout_group_size - 1) / dropout_group_size;
   at::parallel_for(0, groups, dropout_grain_groups, [&](std::int64_t first, std::int64_t last) {
 #ifdef KILN_GCC_X86
+    if (cpu_has_avx512()) return masked_scale_avx512(m, first, last, n, in, out);
     if (cpu_has_avx2()) return masked_scale_avx2(m, first, last, n, in, out);
 #endif
-    masked_scale_range<4>(m, first, last, n, in, out);
+    masked_scale_baseline(m, first, last, n, in, out);
   });
 }
 
