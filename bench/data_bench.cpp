@@ -19,12 +19,13 @@
 #include <kiln/data/fashion_mnist.hpp>
 #include <kiln/data/loader.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -34,13 +35,10 @@
 
 namespace {
 
+using kiln_bench::median;
+
 constexpr std::int64_t batch_size = 128;
 constexpr std::int64_t padding = 4;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The augmentation as a LibTorch user writes it: the same draws, in the same order, and the same
 // tensor ops as kiln::data::random_crop{4} then horizontal_flip{0.5}, so that the two loaders do
@@ -178,21 +176,14 @@ void check(const kiln::data::tensor_pair& data) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 2, batches = 200, warmup = 10;
+  const kiln_bench::flags flags(argc, argv, {"--threads", "--rounds", "--batches", "--warmup", "--workers"});
   const char* env_rounds = std::getenv("KILN_BENCH_ROUNDS");
-  std::int64_t rounds = env_rounds ? std::stoll(env_rounds) : 5;
-  std::vector<std::int64_t> worker_counts{0, 1, 2};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--batches")) batches = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--workers")) {
-      worker_counts.clear();
-      std::stringstream list(argv[i + 1]);
-      for (std::string w; std::getline(list, w, ',');) worker_counts.push_back(std::stoll(w));
-    }
-  }
+  const std::int64_t threads = flags.integer("--threads", 2), batches = flags.integer("--batches", 200),
+                     warmup = flags.integer("--warmup", 10),
+                     rounds = flags.integer("--rounds", env_rounds ? std::stoll(env_rounds) : 5);
+  std::vector<std::int64_t> worker_counts;
+  std::stringstream list(flags.text("--workers", "0,1,2"));
+  for (std::string w; std::getline(list, w, ',');) worker_counts.push_back(std::stoll(w));
   // The main thread's intra-op threads, as the Python side's torch.set_num_threads; worker
   // threads of either loader share this pool (per-sample ops are too small to split anyway).
   at::set_num_threads(static_cast<int>(threads));

@@ -11,10 +11,11 @@
 // reported is the median over rounds. Output: JSON lines.
 #include <kiln/kiln.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <ranges>
 #include <string>
@@ -22,12 +23,9 @@
 
 namespace {
 
-namespace d = kiln::detail;
+using kiln_bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+namespace d = kiln::detail;
 
 constexpr std::int64_t elements = std::int64_t{1} << 22;
 constexpr double p = 0.1;
@@ -86,11 +84,8 @@ void run(torch::ScalarType dtype, std::int64_t rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 2, rounds = 9;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
-  }
+  const kiln_bench::flags flags(argc, argv, {"--threads", "--rounds"});
+  const std::int64_t threads = flags.integer("--threads", 2), rounds = flags.integer("--rounds", 9);
   at::set_num_threads(static_cast<int>(threads));
   torch::NoGradGuard no_grad;
   run<float>(torch::kFloat32, rounds);

@@ -12,10 +12,11 @@
 // linearly (ratio N). Output: one JSON object per line.
 #include <kiln/kiln.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,13 +24,10 @@
 
 namespace {
 
+using kiln_bench::median;
+
 kiln::models::gpt_settings model_settings() {
   return {.vocab_size = 64, .seq_len = 64, .d_model = 128, .n_layer = 12, .n_head = 4, .mlp_ratio = 4, .dropout = 0.1};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
@@ -123,12 +121,9 @@ void print(const char* group, const bench_case& c, const bench_case& base, doubl
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 2, steps = 5, rounds = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
-  }
+  const kiln_bench::flags flags(argc, argv, {"--threads", "--steps", "--rounds"});
+  const std::int64_t threads = flags.integer("--threads", 2), steps = flags.integer("--steps", 5),
+                     rounds = flags.integer("--rounds", 5);
   at::set_num_threads(static_cast<int>(threads));
   auto data = kiln::data::make_token_sequences(2048, 64, 64, 0);
   using namespace kiln::checkpointing;

@@ -10,10 +10,11 @@
 // gradient and state) at the in-place stream bandwidth measured in the same run. Output: JSON lines.
 #include <kiln/kiln.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,12 +22,9 @@
 
 namespace {
 
-using named_tensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using kiln_bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using named_tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 named_tensors make_parameters(std::int64_t hidden) {
   torch::manual_seed(0);
@@ -125,11 +123,8 @@ void run(const char* model, std::int64_t hidden, std::int64_t rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 2, rounds = 9;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
-  }
+  const kiln_bench::flags flags(argc, argv, {"--threads", "--rounds"});
+  const std::int64_t threads = flags.integer("--threads", 2), rounds = flags.integer("--rounds", 9);
   at::set_num_threads(static_cast<int>(threads));
   torch::NoGradGuard no_grad;
   run("mlp 784-256-256-10", 256, rounds);

@@ -17,14 +17,17 @@
 // object per precision, one per line.
 #include <kiln/kiln.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 namespace {
+
+using kiln_bench::median;
 
 struct options {
   std::string device = "cpu";
@@ -41,11 +44,6 @@ struct result {
   double step_ms = 0, eval_loss = 0, eval_accuracy = 0;
   std::int64_t peak_step_bytes = 0, held_bytes = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 template <class Precision>
 result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, const options& o,
@@ -132,25 +130,15 @@ void print(const char* name, const result& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const kiln_bench::flags flags(argc, argv,
+                                {"--device", "--threads", "--steps", "--rounds", "--warmup", "--d-model", "--layers",
+                                 "--heads", "--seq", "--batch", "--vocab"});
   options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--device") o.device = value;
-    else if (flag == "--threads") o.threads = std::stoll(value);
-    else if (flag == "--steps") o.steps = std::stoll(value);
-    else if (flag == "--rounds") o.rounds = std::stoll(value);
-    else if (flag == "--warmup") o.warmup = std::stoll(value);
-    else if (flag == "--d-model") o.d_model = std::stoll(value);
-    else if (flag == "--layers") o.layers = std::stoll(value);
-    else if (flag == "--heads") o.heads = std::stoll(value);
-    else if (flag == "--seq") o.seq = std::stoll(value);
-    else if (flag == "--batch") o.batch = std::stoll(value);
-    else if (flag == "--vocab") o.vocab = std::stoll(value);
-    else {
-      std::fprintf(stderr, "kiln_bench_precision: unknown option %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  o.device = flags.text("--device", o.device);
+  for (auto [name, field] : {std::pair{"--threads", &o.threads}, {"--steps", &o.steps}, {"--rounds", &o.rounds},
+                             {"--warmup", &o.warmup}, {"--d-model", &o.d_model}, {"--layers", &o.layers},
+                             {"--heads", &o.heads}, {"--seq", &o.seq}, {"--batch", &o.batch}, {"--vocab", &o.vocab}})
+    *field = flags.integer(name, *field);
   at::set_num_threads(static_cast<int>(o.threads));
   bool cuda = false;
   try {

@@ -12,14 +12,17 @@
 // ratio of kiln with it to kiln with profiler::none. Output: one JSON object on stdout.
 #include <kiln/kiln.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 namespace {
+
+using kiln_bench::median;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -100,11 +103,6 @@ double time_handwritten(const kiln::data::tensor_pair& train, std::int64_t steps
   return seconds / static_cast<double>(steps);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // The step's bounds on this machine: its FLOPs at the measured GEMM rate of the step's own
 // matrix shapes, and the optimizer's bytes at the measured memory bandwidth.
 struct bounds {
@@ -146,14 +144,10 @@ bounds measure_bounds(std::int64_t parameters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t threads = 1, steps = 100, rounds = 21;
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::stoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--data")) data_dir = argv[i + 1];
-  }
+  const kiln_bench::flags flags(argc, argv, {"--threads", "--steps", "--rounds", "--data"});
+  const std::int64_t threads = flags.integer("--threads", 1), steps = flags.integer("--steps", 100),
+                     rounds = flags.integer("--rounds", 21);
+  const std::string data_dir = flags.text("--data", "/usr/share/datasets/fashion-mnist");
   at::set_num_threads(static_cast<int>(threads));
   auto train = kiln::data::load_fashion_mnist(data_dir, kiln::data::split::train);
 
