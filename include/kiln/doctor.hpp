@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "kiln/precision/detail/cpu_bf16.hpp"
 #include "kiln/version.hpp"
 
 namespace kiln {
@@ -59,6 +61,59 @@ inline double measured_gemm_gflops(std::int64_t n = 512) {
   for (int i = 0; i < reps; ++i) torch::mm(a, b);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return 2.0 * n * n * n * reps / s / 1e9;
+}
+
+// A bf16 GEMM against fp32's on the same operands: LibTorch's own, and with kiln's fp32-computed
+// matmuls (precision/detail/cpu_bf16.hpp). Times are the median of a few repetitions; errors are
+// relative to the fp64 product of the bf16-rounded operands.
+struct bf16_gemm_measurement {
+  double libtorch_vs_fp32 = 0, libtorch_error = 0;  // LibTorch's bf16 GEMM
+  double kiln_vs_fp32 = 0, kiln_error = 0;          // kiln's fp32-computed replacement
+};
+
+inline bf16_gemm_measurement measure_bf16_gemm(std::int64_t m = 256, std::int64_t k = 512, std::int64_t n = 512) {
+  torch::manual_seed(0);
+  const auto a = torch::randn({m, k}).to(torch::kBFloat16), b = torch::randn({k, n}).to(torch::kBFloat16);
+  const auto a32 = a.to(torch::kFloat), b32 = b.to(torch::kFloat);
+  const auto exact = torch::mm(a.to(torch::kDouble), b.to(torch::kDouble));
+  auto error = [&](const torch::Tensor& p) { return ((p.to(torch::kDouble) - exact).norm() / exact.norm()).item<double>(); };
+  auto median_ms = [](auto&& f) {
+    f();
+    std::vector<double> ms;
+    for (int i = 0; i < 5; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      f();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  bf16_gemm_measurement r;
+  const double fp32_ms = median_ms([&] { torch::mm(a32, b32); });
+  r.libtorch_vs_fp32 = median_ms([&] { torch::mm(a, b); }) / fp32_ms;
+  r.libtorch_error = error(torch::mm(a, b));
+  const auto replaced = precision::detail::fp32_cpu_matmuls::acquire();
+  r.kiln_vs_fp32 = median_ms([&] { torch::mm(a, b); }) / fp32_ms;
+  r.kiln_error = error(torch::mm(a, b));
+  return r;
+}
+
+// What `kiln doctor` says of bf16 on this CPU, from the measurement and what the bf16 policies
+// do here under cpu_matmul = "auto".
+inline std::vector<doctor_line> bf16_gemm_lines(const bf16_gemm_measurement& m, bool onednn_bf16) {
+  char text[320];
+  std::snprintf(text, sizeof text, "LibTorch's %.1fx fp32's time, error %.1e; computed in fp32 %.1fx, error %.1e",
+                m.libtorch_vs_fp32, m.libtorch_error, m.kiln_vs_fp32, m.kiln_error);
+  std::vector<doctor_line> lines = {{"bf16 GEMM", text, ""}};
+  if (!onednn_bf16)
+    lines.push_back({"bf16 recipes", "matmuls computed in fp32 from bf16 operands, bf16 activations kept "
+                                     "(precision.cpu_matmul = \"auto\"; \"bf16\" insists on LibTorch's)", ""});
+  else if (m.libtorch_vs_fp32 > 1.5)
+    lines.push_back({"bf16 recipes", "LibTorch's bf16 GEMM",
+                     "it is slower than fp32 here: precision.cpu_matmul = \"fp32\" computes bf16 matmuls in fp32"});
+  else
+    lines.push_back({"bf16 recipes", "LibTorch's bf16 GEMM (oneDNN)", ""});
+  return lines;
 }
 
 }  // namespace detail
@@ -114,7 +169,12 @@ inline std::vector<doctor_line> diagnose() {
   char gemm[64];
   std::snprintf(gemm, sizeof gemm, "%.1f GFLOP/s (512^3 fp32, %d threads)", detail::measured_gemm_gflops(), threads);
   lines.push_back({"GEMM rate", gemm, ""});
-  lines.push_back({"CPU bf16", detail::cpu_has_flag("avx512_bf16") ? "AVX-512 BF16" : "no native bf16", ""});
+  const bool onednn_bf16 = precision::detail::cpu_has_onednn_bf16_gemm();
+  lines.push_back({"CPU bf16", std::string(detail::cpu_has_flag("avx512_bf16") ? "AVX-512 BF16 dot products" : "no native bf16") +
+                                   (onednn_bf16 ? "; LibTorch's bf16 GEMM is oneDNN's (fp32 sums)"
+                                                : "; LibTorch's bf16 GEMM is a scalar loop summing in bf16"),
+                   ""});
+  for (auto& line : detail::bf16_gemm_lines(detail::measure_bf16_gemm(), onednn_bf16)) lines.push_back(std::move(line));
 
 #ifdef KILN_GLOO
   lines.push_back({"Gloo", "available", ""});

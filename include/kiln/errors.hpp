@@ -38,4 +38,11 @@ struct distributed_error : error {
   using error::error;
 };
 
+// A training step failed inside the model, the loss or LibTorch (a shape or dtype mismatch, an
+// op this build lacks): the message names the step, the micro-batch and the phase, then
+// LibTorch's own message without its C++ backtrace.
+struct step_error : error {
+  using error::error;
+};
+
 }  // namespace kiln

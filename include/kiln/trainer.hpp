@@ -127,6 +127,24 @@ inline std::string first_difference(const std::string& a, const std::string& b) 
   }
 }
 
+// What a failed micro-step says: where it was, then the cause (first lines only: LibTorch's
+// messages can go on for pages of dispatcher state).
+inline std::string step_failure(std::int64_t step, std::int64_t micro, std::int64_t window, const char* doing,
+                                const std::string& cause) {
+  std::string where = "step " + std::to_string(step);
+  if (window > 1) where += " (micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(window) + ")";
+  std::string text = cause;
+  std::size_t lines = 0, at = 0;
+  while (at < text.size() && lines < 3) {
+    at = text.find('\n', at);
+    if (at == std::string::npos) break;
+    ++lines, ++at;
+  }
+  if (lines == 3 && at < text.size()) text = text.substr(0, at) + "...";
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return where + ", " + doing + ": " + text;
+}
+
 }  // namespace detail
 
 template <class... Ps>
@@ -213,29 +231,41 @@ class trainer {
       }
       if (window != micro_steps) acc.begin_window(window);
       for (std::int64_t micro = 0; micro < window; ++micro) {
-        if constexpr (profiler_t::enabled) profiler.begin(phase::data);
-        auto batch = train.next();
-        // On the model's device (the data phase includes the copy to a GPU).
-        const auto inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
-        if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
-        torch::Tensor loss;
-        {
-          auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
-          auto cast = acc.autocast();
-          loss = detail::classification_loss(detail::forward(model, inputs), targets);
+        const char* doing = "loading the batch";  // named by the step's error, if one is thrown
+        try {
+          if constexpr (profiler_t::enabled) profiler.begin(phase::data);
+          auto batch = train.next();
+          // On the model's device (the data phase includes the copy to a GPU).
+          const auto inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
+          if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
+          doing = "forward (model and loss)";
+          torch::Tensor loss;
+          {
+            auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
+            auto cast = acc.autocast();
+            loss = detail::classification_loss(detail::forward(model, inputs), targets);
+          }
+          if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
+          doing = "backward";
+          const double items = detail::loss_items(unit, targets);
+          acc.backward(loss, items);
+          if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
+          // Summed on the device, read once per step: no extra op without accumulation.
+          auto weighted = items == 1.0 ? loss.detach() : loss.detach() * items;
+          loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+          items_sum += items;
+          if (diag && acc.is_sync_step()) diag->after_backward(step + 1);  // gradients complete
+          doing = "the optimizer step";
+          acc.step();
+          if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
+          if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
+        } catch (const c10::Error& e) {
+          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what_without_backtrace()));
+        } catch (const kiln::error&) {
+          throw;  // already names its cause
+        } catch (const std::exception& e) {
+          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what()));
         }
-        if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
-        const double items = detail::loss_items(unit, targets);
-        acc.backward(loss, items);
-        if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
-        // Summed on the device, read once per step: no extra op without accumulation.
-        auto weighted = items == 1.0 ? loss.detach() : loss.detach() * items;
-        loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-        items_sum += items;
-        if (diag && acc.is_sync_step()) diag->after_backward(step + 1);  // gradients complete
-        acc.step();
-        if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
-        if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
       }
       const auto& result = acc.last_step();
       step = acc.optimizer_steps();

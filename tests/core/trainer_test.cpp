@@ -60,6 +60,14 @@ std::vector<std::string> loss_lines(const fs::path& metrics) {
   return out;
 }
 
+// A model whose forward LibTorch refuses: x [batch, 16] times a weight [4, 16] not transposed.
+struct wrong_matmulImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  wrong_matmulImpl() : fc(register_module("fc", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::mm(x, fc->weight); }
+};
+TORCH_MODULE(wrong_matmul);
+
 }  // namespace
 
 TEST_SUITE("trainer") {
@@ -281,6 +289,21 @@ TEST_SUITE("trainer") {
 }
 
 TEST_SUITE("trainer") {
+  TEST_CASE("an error inside a step is a kiln::step_error naming the step and the phase, without a backtrace") {
+    setup s(4);
+    wrong_matmul model;
+    trainer_t t(settings_for({}, 5));
+    std::string message;
+    try {
+      t.fit(model, s.loader);
+    } catch (const kiln::step_error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.rfind("step 1, forward (model and loss): ", 0) == 0, message);
+    CHECK_MESSAGE(message.find("(32x16 and 4x16)") != std::string::npos, message);  // LibTorch's own words
+    CHECK_MESSAGE(message.find("Exception raised from") == std::string::npos, message);  // no C++ backtrace
+  }
+
   TEST_CASE("anomaly mode stops the run at the first NaN and names its module") {
     setup s(4);
     {

@@ -1,7 +1,8 @@
 // Tests for kiln::models::apply_layer_norm: its output and gradients (input, weight, bias)
 // against LibTorch's layer_norm in fp64 over row lengths that do and do not fill a vector, in
 // fp32, bf16 and fp16 storage, both vector widths of the kernel, independence from the thread
-// count, and the inputs it leaves to LibTorch.
+// count, the inputs it leaves to LibTorch, and inputs whose dtype is not the weights' (under bf16
+// autocast, for kiln's and LibTorch's LayerNorm).
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kiln/models/layer_norm.hpp"
+#include "kiln/precision/bf16.hpp"
 
 #include <doctest/doctest.h>
 
@@ -170,6 +172,37 @@ TEST_SUITE("layer_norm") {
       torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({2, 5}));
       const auto x = torch::randn({6, 2, 5});
       CHECK(torch::equal(kiln::models::apply_layer_norm(*ln, x), ln->forward(x)));
+    }
+  }
+  TEST_CASE("input and weights of different dtypes under bf16 autocast, kiln's LayerNorm and LibTorch's: the input's dtype out") {
+    // A Linear's bf16 output into a LayerNorm with fp32 weights (bf16 autocast), and an fp32
+    // input into bf16 weights (bf16-pure): 1.13's layer_norm threw "expected scalar type". The
+    // result has the input's dtype and is the fp32 layer norm of the same values within the
+    // rounding of the weights and of the result to bf16 (2^-8 each, on values of a few units).
+    torch::manual_seed(4);
+    kiln::precision::bf16 policy;
+    auto kiln_ln = [](torch::nn::LayerNormImpl& m, const torch::Tensor& t) { return kiln::models::apply_layer_norm(m, t); };
+    auto torch_ln = [](torch::nn::LayerNormImpl& m, const torch::Tensor& t) { return m.forward(t); };
+    const auto upstream = torch::randn({6, 40});
+    for (const auto input_dtype : {torch::kBFloat16, torch::kFloat32}) {
+      const auto weight_dtype = input_dtype == torch::kBFloat16 ? torch::kFloat32 : torch::kBFloat16;
+      CAPTURE(input_dtype);
+      auto ln = make_layer_norm(40, weight_dtype);
+      const auto x = (1.0 + 2.0 * torch::randn({6, 40})).to(input_dtype);
+      const auto reference = torch::layer_norm(x.to(torch::kFloat), {40}, ln->weight.to(torch::kFloat),
+                                               ln->bias.to(torch::kFloat));
+      for (int which = 0; which < 2; ++which) {
+        CAPTURE(which);  // 0: kiln's, 1: LibTorch's
+        layer_norm_result r;
+        {
+          auto cast = policy.autocast();
+          r = which == 0 ? run(ln, x, upstream, kiln_ln) : run(ln, x, upstream, torch_ln);
+        }
+        CHECK((r.y.scalar_type() == input_dtype));
+        CHECK((r.dw.scalar_type() == weight_dtype));  // the gradient reaches the weights in their own dtype
+        CHECK(torch::allclose(r.y.to(torch::kFloat), reference, 0.02, 0.02));
+        CHECK(r.dw.to(torch::kFloat).abs().sum().item<double>() > 0);
+      }
     }
   }
 }

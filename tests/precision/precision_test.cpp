@@ -172,6 +172,96 @@ TEST_SUITE("precision") {
     for (const auto& p : model->parameters()) CHECK((p.grad().scalar_type() == torch::kFloat32));
   }
 
+  TEST_CASE("bf16 matmuls on the CPU: fp32 compute from bf16 operands where LibTorch has no fast bf16 GEMM, by setting anywhere") {
+    namespace pd = kiln::precision::detail;
+    torch::manual_seed(0);
+    const auto a = torch::randn({64, 96}).to(torch::kBFloat16), b = torch::randn({96, 48}).to(torch::kBFloat16);
+    const auto c = torch::randn({48}).to(torch::kBFloat16);
+    // The reference: LibTorch's fp32 product of the same bf16 operands, rounded once.
+    const auto exact = torch::mm(a.to(torch::kFloat), b.to(torch::kFloat)).to(torch::kBFloat16);
+    const auto calls = [] { return pd::fp32_cpu_matmul_calls().load(); };
+    auto replaced = [&](const std::string& setting) {
+      kiln::precision::bf16::settings s;
+      s.cpu_matmul = setting;
+      kiln::precision::bf16 policy(s);
+      const auto before = calls();
+      const auto product = torch::mm(a, b);
+      return std::pair{calls() > before, torch::equal(product, exact)};
+    };
+    {
+      const auto [used, equal] = replaced("fp32");
+      CHECK(used);
+      CHECK(equal);
+    }
+    // "auto" replaces exactly where this CPU lacks oneDNN's bf16 GEMM (AVX-512 BW/VL/DQ).
+    CHECK(replaced("auto").first == !pd::cpu_has_onednn_bf16_gemm());
+    CHECK_FALSE(replaced("bf16").first);
+    // Gone with the policy: LibTorch's kernel again.
+    const auto before = calls();
+    torch::mm(a, b);
+    CHECK(calls() == before);
+
+    // addmm, bmm and baddbmm, and the backward of a linear layer under autocast: fp32 operands
+    // rounded to bf16 are LibTorch's fp32 op's product rounded once.
+    kiln::precision::bf16::settings fp32_matmuls;
+    fp32_matmuls.cpu_matmul = "fp32";
+    kiln::precision::bf16 policy(fp32_matmuls);
+    const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
+    CHECK(torch::equal(torch::addmm(c, a, b), torch::addmm(f(c), f(a), f(b)).to(torch::kBFloat16)));
+    const auto ba = torch::randn({3, 8, 16}).to(torch::kBFloat16), bb = torch::randn({3, 16, 4}).to(torch::kBFloat16);
+    const auto bc = torch::randn({3, 8, 4}).to(torch::kBFloat16);
+    CHECK(torch::equal(torch::bmm(ba, bb), torch::bmm(f(ba), f(bb)).to(torch::kBFloat16)));
+    CHECK(torch::equal(torch::baddbmm(bc, ba, bb), torch::baddbmm(f(bc), f(ba), f(bb)).to(torch::kBFloat16)));
+    // fp32 operands are LibTorch's own kernel's, untouched.
+    CHECK(torch::equal(torch::mm(f(a), f(b)), at::cpu::mm(f(a), f(b))));
+
+    auto weight = torch::randn({48, 96}, torch::requires_grad());
+    const auto x = torch::randn({64, 96});
+    torch::Tensor y;
+    {
+      auto cast = policy.autocast();
+      y = torch::linear(x, weight);
+    }
+    CHECK((y.scalar_type() == torch::kBFloat16));
+    const auto before_backward = calls();
+    y.to(torch::kFloat).sum().backward();
+    CHECK(calls() == before_backward + 1);  // the weight's gradient; the input needs none
+    // d(sum y)/dW = ones^T x, from x rounded to bf16 as autocast feeds it: the fp32 sum of 64
+    // terms rounded once (either operand order: at most one bf16 step apart). LibTorch's 1.13
+    // kernel, summing in bf16, is further off than that.
+    const auto expected = torch::mm(torch::ones({48, 64}), f(x.to(torch::kBFloat16))).to(torch::kBFloat16);
+    CHECK(torch::allclose(weight.grad(), expected.to(torch::kFloat), /*rtol=*/1.0 / 128, /*atol=*/0));
+  }
+
+  TEST_CASE("bf16 keeps half of fp32's activation memory with its matmuls computed in fp32") {
+    // What forward keeps for backward, by kiln's meter, in an MLP under fp32 and under bf16 with
+    // the fp32-computed matmuls (\"fp32\", so the same on every CPU): the bound is 0.7x.
+    torch::manual_seed(0);
+    // Batch and widths where activations, not autocast's bf16 copies of the weights, dominate.
+    kiln::models::mlp model(
+        kiln::models::mlp_settings{.in_features = 64, .hidden = {512, 512, 512}, .classes = 10, .dropout = 0.0});
+    const auto x = torch::randn({4096, 64});
+    auto kept_by_forward = [&](auto&& policy) {
+      kiln::memory_meter meter;
+      meter.start();
+      const auto base = meter.current();
+      torch::Tensor loss;
+      {
+        auto cast = policy.autocast();
+        loss = model->forward(x).to(torch::kFloat).sum();
+      }
+      const auto kept = meter.current() - base;
+      loss.backward();
+      meter.stop();
+      return static_cast<double>(kept);
+    };
+    kiln::precision::bf16::settings s;
+    s.cpu_matmul = "fp32";
+    const double full = kept_by_forward(kiln::precision::fp32{}), half = kept_by_forward(kiln::precision::bf16(s));
+    MESSAGE("activations kept by forward: fp32 ", full, " bytes, bf16 ", half, " (", half / full, "x)");
+    CHECK(half <= 0.7 * full);
+  }
+
   TEST_CASE("bf16-pure: bf16 parameters and activations, fp32 masters in the optimizer") {
     auto model = small_mlp();
     kiln::accelerator<kiln::precision::bf16_pure, kiln::optim::adamw> acc;

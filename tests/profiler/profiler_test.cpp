@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <thread>
 #include <unistd.h>
@@ -223,6 +224,54 @@ TEST_SUITE("profiler") {
     auto held = memory.held_bytes();
     CHECK(held[0].second == (8 * 16 + 16 + 16 * 16 + 16 + 16 * 3 + 3) * 4);
     CHECK(held[2].second == 123);
+  }
+
+  TEST_CASE("memory chart: the phase band under the curve shows each phase for as long as phases.csv says it ran") {
+    // Phases of known, unequal lengths; forward allocates what backward frees, so memory climbs
+    // in forward. The band must colour that climb "forward", and give each phase the share of the
+    // step that the phases collector timed (the stretch before a step's first sample, its data
+    // phase, is not sampled).
+    kiln::profiler::profile<kiln::profiler::memory_collector, kiln::profiler::phases_collector> profiler(
+        {.wait = 0, .warmup = 0, .active = 1000, .repeat = 1, .print = false});
+    const std::vector<std::pair<kiln::phase, int>> plan = {
+        {kiln::phase::data, 5}, {kiln::phase::forward, 40}, {kiln::phase::backward, 20}, {kiln::phase::optimizer, 10}};
+    for (int step = 1; step <= 2; ++step) {
+      torch::Tensor activations;
+      for (const auto& [p, ms] : plan) {
+        profiler.begin(p);
+        if (p == kiln::phase::forward) activations = torch::ones({1 << 18});  // 1 MiB
+        if (p == kiln::phase::backward) activations = torch::Tensor();
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        profiler.end(p);
+      }
+      profiler.on_step_end(step);
+    }
+    profiler.finish("");
+    const auto& report = profiler.last_report();
+    REQUIRE(report.phase_ms.size() == 2);
+    const auto svg = kiln::profiler::html_detail::memory_chart(report);
+    // The band's rectangles in order: (phase, width in px).
+    std::vector<std::pair<std::string, double>> band;
+    const auto group = svg.find("class=\"phase-band\"");
+    REQUIRE(group != std::string::npos);
+    for (auto at = svg.find("<rect x=", group); at != std::string::npos && at < svg.find("</g>", group);
+         at = svg.find("<rect x=", at + 1)) {
+      const auto w = svg.find("width=\"", at) + 7, t = svg.find("<title>", at) + 7;
+      band.emplace_back(svg.substr(t, svg.find("</title>", t) - t), std::stod(svg.substr(w)));
+    }
+    const std::vector<std::string> expected = {"forward", "backward", "optimizer", "data",
+                                               "forward", "backward", "optimizer"};
+    std::vector<std::string> phases;
+    for (const auto& b : band) phases.push_back(b.first);
+    REQUIRE(phases == expected);
+    // The second step, against what phases.csv holds for it: each of forward, backward and
+    // optimizer has the band's share that it has of their sum in the phase timings.
+    const auto& timed = report.phase_ms[1];
+    const double timed_sum = timed[1] + timed[2] + timed[3], drawn_sum = band[4].second + band[5].second + band[6].second;
+    for (int i = 1; i <= 3; ++i) {
+      CAPTURE(phases[3 + i]);
+      CHECK(band[3 + i].second / drawn_sum == doctest::Approx(timed[i] / timed_sum).epsilon(0.05));
+    }
   }
 
   TEST_CASE("phases: a slow dataset gets the input-bound verdict, a fast one compute-bound") {

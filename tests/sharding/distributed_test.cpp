@@ -160,6 +160,12 @@ fs::path run_checkpointed_gpt(const fs::path& dir, const std::string& recipe, co
 // Between two runs of those jobs: embeddings, 2 blocks, final LayerNorm and head.
 double difference(const fs::path& a, const fs::path& b) { return max_parameter_difference(a, b, 2 + 2 * 12 + 2 + 1); }
 
+// One process taking each batch of 16 as 2 accumulated micro-batches of 8, as DDP's 2 ranks do,
+// and how many times the parameter difference that split makes DDP may differ from one process
+// under bf16 (where the rows of each half decide the rounding; see the bf16 tests).
+const std::string split_in_two = " --set data.batch_size=8 --set accumulation.steps=2";
+constexpr double split_tolerance = 4;
+
 }  // namespace
 
 TEST_SUITE("sharding") {
@@ -257,14 +263,22 @@ TEST_SUITE("sharding") {
     CHECK(difference(ddp, single) <= 1e-5);
     CHECK(difference(half, single) > 1e-2);
 
-    // Under bf16 autocast the two runs' matmuls round differently (8 vs 16 rows), so DDP is held
-    // to bf16's own error: no further from one process than bf16 is from fp32.
+    // Under bf16 the runs round differently: a matmul's weight gradient is a sum over the batch's
+    // rows rounded to bf16 once, over all 16 rows in one process and over each rank's 8 under DDP.
+    // How far such a split moves the parameters is measured the same way on this machine: one
+    // process taking the same 16 rows as 2 accumulated micro-batches of 8 rounds its two halves
+    // separately too. DDP's halves are other rows (every 2nd sample), so it is held to a small
+    // multiple of that, on any CPU, whatever its bf16 GEMM does.
     const auto ddp_bf16 = run("ddp-checkpointed-bf16", "ddp_bf16");
     const auto single_bf16 = run("single-checkpointed-bf16", "single_bf16");
-    const double ddp_error = difference(ddp_bf16, single_bf16), bf16_error = difference(single_bf16, single);
-    MESSAGE("bf16: ddp vs one process ", ddp_error, "; bf16 vs fp32 ", bf16_error);
-    CHECK(ddp_error <= bf16_error);
-    CHECK(bf16_error < 0.1 * difference(half, single));
+    const auto split_bf16 = run("single-checkpointed-bf16", "split_bf16", split_in_two);
+    const double ddp_error = difference(ddp_bf16, single_bf16), split_error = difference(split_bf16, single_bf16);
+    MESSAGE("bf16: ddp vs one process ", ddp_error, "; one process split in two micro-batches ", split_error,
+            "; bf16 vs fp32 ", difference(single_bf16, single));
+    CHECK(split_error > 0);  // the runs are bf16: a split changes their rounding
+    CHECK(ddp_error <= split_tolerance * split_error);
+    // and far from what not averaging gives
+    CHECK(ddp_error < 0.1 * difference(half, single));
   }
 
   TEST_CASE("ddp and local-sgd under bf16-pure, fp32 masters or Kahan: 2 ranks x 8 equal 1 process x 16, gradients sent as bf16 where Gloo sums bf16") {
@@ -279,9 +293,13 @@ TEST_SUITE("sharding") {
       const std::string pure = " --set precision.kind=bf16-pure --set precision.kahan=" + kahan;
       const auto ddp = run_checkpointed_gpt(dir.path, "ddp-checkpointed-bf16", "ddp_" + kahan, pure);
       const auto one = run_checkpointed_gpt(dir.path, "single-checkpointed-bf16", "single_" + kahan, pure);
-      const double ddp_error = difference(ddp, one), pure_error = difference(one, single);
-      MESSAGE("bf16-pure (kahan = ", kahan, "): ddp vs one process ", ddp_error, "; vs fp32 ", pure_error);
-      CHECK(ddp_error <= pure_error);
+      // The rounding a split of the batch brings, measured on this machine (see the test above).
+      const auto split = run_checkpointed_gpt(dir.path, "single-checkpointed-bf16", "split_" + kahan, pure + split_in_two);
+      const double ddp_error = difference(ddp, one), split_error = difference(split, one);
+      MESSAGE("bf16-pure (kahan = ", kahan, "): ddp vs one process ", ddp_error, "; one process split in two ",
+              split_error, "; vs fp32 ", difference(one, single));
+      CHECK(split_error > 0);
+      CHECK(ddp_error <= split_tolerance * split_error);
       // Every step all-reduces each gradient once: the fp32 model's parameter count times the
       // bytes of the dtype on the wire.
       CHECK(summary_field(ddp, "collective_bytes") == steps * parameter_bytes(single) / 4 * wire_bytes);
@@ -296,8 +314,8 @@ TEST_SUITE("sharding") {
                                              pure + " --set data.batch_size=8");
       const double local_error = difference(local, one), half_error = difference(half, one);
       MESSAGE("local-sgd vs one process ", local_error, "; rank 0's half alone ", half_error);
-      CHECK(local_error <= pure_error);
-      CHECK(half_error > 2 * pure_error);
+      CHECK(local_error <= split_tolerance * split_error);
+      CHECK(half_error > 10 * local_error);
       CHECK(summary_field(local, "parameter_averages") == steps);
     }
   }

@@ -41,6 +41,24 @@ inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
 }
 #endif
 
+// Silences LibTorch's warnings (TORCH_WARN and the dispatcher's) for one scope. 2.0 turned the
+// handler's interface from (location, message, verbatim) into one c10::Warning.
+class quiet_warnings {
+#if TORCH_VERSION_MAJOR >= 2
+  struct handler : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  handler handler_;
+  c10::WarningUtils::WarningHandlerGuard guard_{&handler_};
+#else
+  struct handler : c10::WarningHandler {
+    void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+  };
+  handler handler_;
+  c10::Warning::WarningHandlerGuard guard_{&handler_};
+#endif
+};
+
 // An autocast region for one device and dtype, restoring the previous state when it ends and
 // clearing the cast-weight cache when the outermost region ends (as torch.autocast does).
 class autocast_scope {

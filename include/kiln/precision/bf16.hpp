@@ -5,9 +5,13 @@
 // reductions that need range stay fp32 (LibTorch's autocast lists). Parameters, gradients and
 // optimizer state stay fp32. bf16 has fp32's exponent range, so no loss scaling is needed.
 // CPU autocast is always on; CUDA autocast too when LibTorch sees a GPU.
+// On a CPU where LibTorch's bf16 GEMM is a slow loop that accumulates in bf16 (no AVX-512), the
+// matmuls take bf16 operands and compute in fp32 (`cpu_matmul`, detail/cpu_bf16.hpp).
 #pragma once
 
+#include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -15,6 +19,7 @@
 
 #include "kiln/concepts.hpp"
 #include "kiln/detail/compat.hpp"
+#include "kiln/precision/detail/cpu_bf16.hpp"
 
 namespace kiln::precision {
 
@@ -38,16 +43,23 @@ struct bf16 {
   static constexpr bool always_finite = true;  // bf16 has fp32's range: no scale, no skipped step
 
   struct settings {
+    std::string cpu_matmul = "auto";
     template <class V>
-    void describe(V&) {}
+    void describe(V& v) {
+      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help, detail::cpu_matmul_choices());
+    }
   };
 
-  explicit bf16(const settings& = {}) {}
+  bf16() : bf16(settings{}) {}
+  explicit bf16(const settings& s) : cpu_kernels_(s.cpu_matmul) {}
 
   detail::device_autocast autocast() const { return detail::device_autocast(at::kBFloat16); }
   torch::Tensor scale(const torch::Tensor& loss) const { return loss; }
   bool unscale_and_check(std::vector<torch::Tensor>&) { return true; }
   void update(bool) {}
+
+ private:
+  detail::cpu_bf16_kernels cpu_kernels_;
 };
 
 }  // namespace kiln::precision

@@ -14,9 +14,11 @@
 //   Training"). Per parameter: 2 bytes of weight, 2 of gradient, 2 of compensation: 4 bytes
 //   fewer than the masters, and no copies between model and masters each step. The weight plus
 //   its compensation carries 16 significant bits rather than the master's 24.
-// Forward runs under bf16 autocast, so fp32 inputs are cast and losses stay fp32.
+// Forward runs under bf16 autocast, so fp32 inputs are cast and losses stay fp32. CPU matmuls
+// follow `cpu_matmul` as under bf16 (precision/bf16.hpp).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,16 +39,18 @@ struct bf16_pure {
 
   struct settings {
     bool kahan = false;
+    std::string cpu_matmul = "auto";
     template <class V>
     void describe(V& v) {
       v.field("kahan", kahan,
               "false: the optimizer updates fp32 master weights; true: no masters, it sums each update into the bf16 "
               "weight through a bf16 compensation buffer (Kahan summation; 4 bytes per parameter less)");
+      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help, detail::cpu_matmul_choices());
     }
   };
 
-  bf16_pure() = default;
-  explicit bf16_pure(const settings& s) : kahan_(s.kahan) {}
+  bf16_pure() : bf16_pure(settings{}) {}
+  explicit bf16_pure(const settings& s) : kahan_(s.kahan), cpu_kernels_(s.cpu_matmul) {}
 
   // Asks the accelerator for an optimizer that updates the bf16 weights with Kahan summation.
   bool kahan_summation() const { return kahan_; }
@@ -126,6 +130,7 @@ struct bf16_pure {
 
  private:
   bool kahan_ = false;
+  detail::cpu_bf16_kernels cpu_kernels_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> model_params_;
   std::vector<torch::Tensor> masters_;

@@ -333,7 +333,7 @@ inline std::string phase_colour_by_name(const report_data& r, std::string_view n
 }
 
 // Allocated bytes over time as a filled area, the peak marked with a dashed line and a dot, and
-// under the axis a thin band coloured by the phase each sample was taken in: it answers "in which
+// under the axis a thin band coloured by the phase that ran at each moment: it answers "in which
 // phase does memory peak?" without a second chart.
 inline std::string memory_chart(const report_data& r) {
   std::vector<memory_sample> samples;
@@ -398,11 +398,12 @@ inline std::string memory_chart(const report_data& r) {
          std::string(memory_line_colour) + "\" stroke-width=\"2\" stroke-linejoin=\"round\" points=\"" +
          points + "\"/>\n";
 
-  // Phase band just under the baseline: one rectangle from each sample to the next.
+  // Phase band just under the baseline. A sample is taken when its phase ends, so the stretch
+  // from one sample to the next is the later sample's phase (forward's climb ends in forward's
+  // sample); the first sample closes a phase whose start was not sampled, and the chart starts there.
   out += "<g class=\"phase-band\" shape-rendering=\"crispEdges\">\n";
-  for (std::size_t i = 0; i < samples.size(); ++i) {
-    double xa = px(samples[i].time_ms);
-    double xb = i + 1 < samples.size() ? px(samples[i + 1].time_ms) : xa + 2;
+  for (std::size_t i = 1; i < samples.size(); ++i) {
+    double xa = px(samples[i - 1].time_ms), xb = px(samples[i].time_ms);
     out += "<rect x=\"" + fixed(xa, 1) + "\" y=\"" + fixed(box.y0() + 5, 1) + "\" width=\"" +
            fixed(std::max(0.5, xb - xa), 1) + "\" height=\"6\" fill=\"" +
            phase_colour_by_name(r, samples[i].phase) + "\"><title>" +
