@@ -36,6 +36,8 @@ struct fit_summary {
   double final_train_loss = 0.0;
   eval_info final_eval;
   bool evaluated = false;
+  int threads = 0;                // at the end (0: the trainer left them alone)
+  std::int64_t thread_changes = 0;  // times a busy or freed machine changed them
 };
 
 class callback {

@@ -21,6 +21,7 @@
 #include <torch/version.h>
 
 #include "kiln/precision/detail/cpu_bf16.hpp"
+#include "kiln/threads.hpp"
 #include "kiln/version.hpp"
 
 namespace kiln {
@@ -127,8 +128,15 @@ inline std::vector<doctor_line> diagnose() {
   const auto threads = at::get_num_threads();
   lines.push_back({"threads", std::to_string(threads) + " intra-op (of " + std::to_string(cores) + " cores)",
                    threads < static_cast<int>(cores)
-                       ? "LibTorch defaults to fewer threads than cores here; recipes set [train] threads (0 = all)"
+                       ? "LibTorch defaults to fewer threads than cores here; recipes set [train] threads (0 = the free cores)"
                        : ""});
+
+  const int busy = cores_busy_elsewhere();
+  lines.push_back({"busy cores", std::to_string(busy) + " of " + std::to_string(cores) + " running other processes now",
+                   busy > 0 ? "a step's threads stall on cores other processes hold (44x slower measured, "
+                              "docs/threads.md): recipes with [train] threads = 0 use only the free cores, "
+                              "for LibTorch and OpenBLAS, re-checked as the run goes; a fixed count does not adapt"
+                            : ""});
 
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   lines.push_back({"OpenMP wait", wait_policy ? std::string(wait_policy) : "unset (libgomp spins: active)",
@@ -163,6 +171,9 @@ inline std::vector<doctor_line> diagnose() {
     std::string value = core;
     if (auto nthreads = reinterpret_cast<threads_fn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
       value += ", " + std::to_string(nthreads()) + " OpenBLAS threads";
+    using parallel_fn = int (*)();
+    if (auto parallel = reinterpret_cast<parallel_fn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel")))
+      value += parallel() == 1 ? " (its own pthreads)" : parallel() == 2 ? " (OpenMP's)" : " (single-threaded build)";
     if (const char* env = std::getenv("OPENBLAS_CORETYPE")) value += std::string(" (OPENBLAS_CORETYPE=") + env + ")";
     lines.push_back({"OpenBLAS core", value, warning});
   }

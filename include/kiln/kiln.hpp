@@ -44,6 +44,7 @@
 #include "kiln/accelerator.hpp"
 #include "kiln/device.hpp"
 #include "kiln/host_memory.hpp"
+#include "kiln/threads.hpp"
 #include "kiln/callbacks.hpp"
 #include "kiln/schedule.hpp"
 #include "kiln/trainer.hpp"

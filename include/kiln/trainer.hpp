@@ -32,6 +32,7 @@
 #include "kiln/models/cross_entropy.hpp"
 #include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
+#include "kiln/threads.hpp"
 
 namespace kiln {
 
@@ -44,6 +45,9 @@ struct trainer_options {
   std::filesystem::path run_dir;   // empty = write nothing (no metrics, no state)
   bool resume = true;              // continue an unfinished run found in run_dir
   bool progress = true;            // show the progress display (rank 0 only)
+  // Threads of LibTorch and OpenBLAS (kiln/threads.hpp): none = leave them as they are; 0 = the
+  // cores nothing else runs on, re-checked every few steps; N = N.
+  std::optional<int> threads;
   diagnostics_settings diagnostics;  // gradient health, non-finite detection, anomaly mode
   std::string recipe_text;         // written to run_dir/recipe.toml
   std::string fingerprint;         // what must match for a resume (model, data, policies)
@@ -215,6 +219,9 @@ class trainer {
       diag->attach(module);
     }
 
+    std::optional<thread_budget> threads;
+    if (options_.threads) threads.emplace(*options_.threads);
+
     fit_summary summary;
     torch::Tensor loss_sum;  // sum of micro-batch losses weighted by their items
     double loss_window = 0.0;  // sum of step losses since the last log line
@@ -269,6 +276,7 @@ class trainer {
       }
       const auto& result = acc.last_step();
       step = acc.optimizer_steps();
+      if (threads) threads->between_steps();
       if constexpr (profiler_t::enabled) profiler.on_step_end(step);
 
       step_info info;
@@ -320,6 +328,7 @@ class trainer {
     summary.steps = step;
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (threads) summary.threads = threads->threads(), summary.thread_changes = threads->changes();
     if (!dir.empty() && main) {
       save(module, train);
       if (!summary.stopped_early) write_summary(summary);
@@ -455,6 +464,7 @@ class trainer {
   void write_summary(const fit_summary& s) {
     json_line line;
     line.add("steps", s.steps).add("seconds", s.seconds).add("final_train_loss", s.final_train_loss);
+    if (s.threads > 0) line.add("threads", static_cast<std::int64_t>(s.threads)).add("thread_changes", s.thread_changes);
     if (s.evaluated) line.add("eval_loss", s.final_eval.loss).add("eval_accuracy", s.final_eval.accuracy);
     // What the sharding policy's collectives cost (rank 0's count; every rank issues the same).
     auto& sharding = acc_->sharding();

@@ -280,6 +280,11 @@ TEST_CASE("kiln doctor reports the machine") {
   CHECK(contains(r.output, "LibTorch"));
   CHECK(contains(r.output, "BLAS"));
   CHECK(contains(r.output, "threads"));
+  CHECK(contains(r.output, "busy cores"));
+  // bf16: what this CPU's LibTorch GEMM is, measured, and what the bf16 recipes do about it
+  CHECK(contains(r.output, "bf16 GEMM      LibTorch's"));
+  CHECK(contains(r.output, kiln::precision::detail::cpu_has_onednn_bf16_gemm() ? "bf16 recipes   LibTorch's bf16 GEMM"
+                                                                                 : "bf16 recipes   matmuls computed in fp32"));
 }
 
 }  // TEST_SUITE("cli")

@@ -146,7 +146,9 @@ struct train_settings {
     v.field("steps", steps, "optimizer steps to train (0: use epochs)", checks::non_negative);
     v.field("epochs", epochs, "passes over the training set, when steps = 0", checks::positive);
     v.field("seed", seed, "seed of weights, shuffling and dropout", checks::non_negative);
-    v.field("threads", threads, "intra-op threads (0: every core)", checks::non_negative);
+    v.field("threads", threads,
+            "threads of LibTorch and OpenBLAS (0: the cores no other process is running on, re-checked as the run goes)",
+            checks::non_negative);
     v.field("device", device, "where the model trains: auto (this rank's GPU if there is one), cpu, cuda or cuda:N",
             [](const std::string& name) -> std::optional<std::string> {
               if (is_device_name(name)) return std::nullopt;

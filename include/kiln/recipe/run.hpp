@@ -223,15 +223,19 @@ fit_summary fit_recipe(const recipe& r, const run_request& request, typename Tra
   o.resume = r.run.resume == "auto";
   o.progress = request.progress;
   o.diagnostics = r.diagnostics;
+  o.threads = static_cast<int>(r.train.threads);
   std::tie(o.recipe_text, o.fingerprint) = resolve_recipe<Trainer>(r);
 
   std::int64_t parameters = 0;
   for (const auto& p : model.ptr()->parameters()) parameters += p.numel();
   std::fprintf(stderr,
-               "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %lld threads | %s\n",
+               "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %s | %s\n",
                r.info.name.c_str(), r.combination().c_str(), (long long)parameters,
                (long long)data.train.inputs.size(0), (long long)data.eval.inputs.size(0), (long long)o.steps,
-               (long long)at::get_num_threads(), settings.accelerator.device.c_str());
+               (r.train.threads > 0 ? std::to_string(r.train.threads) + " threads"
+                                    : "threads: the free ones of " + std::to_string(resolve_threads(0)) + " cores")
+                   .c_str(),
+               settings.accelerator.device.c_str());
 
   Trainer trainer(std::move(settings));
   return trainer.fit(model, loader, &data.eval);
@@ -244,8 +248,9 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
   auto settings = typename Trainer::settings{};
   settings.accelerator = read_policy_settings<Trainer>(r);  // a recipe's mistakes show before the data loads
 
-  const auto threads = resolve_threads(r.train.threads);
-  at::set_num_threads(static_cast<int>(threads));
+  // Loading uses every core; from the first step the trainer keeps LibTorch's and OpenBLAS's
+  // threads to [train] threads, or with 0 to the cores nothing else runs on (kiln/threads.hpp).
+  at::set_num_threads(static_cast<int>(resolve_threads(r.train.threads)));
   torch::manual_seed(static_cast<std::uint64_t>(r.train.seed));
   const auto device = resolve_device(r.train.device, r.file.string() + ": [train] device");
   settings.accelerator.device = device.str();
