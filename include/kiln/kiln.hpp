@@ -58,6 +58,7 @@
 #include "kiln/models/cnn.hpp"
 #include "kiln/models/cross_entropy.hpp"
 #include "kiln/models/dropout.hpp"
+#include "kiln/models/gelu.hpp"
 #include "kiln/models/gpt.hpp"
 #include "kiln/models/layer_norm.hpp"
 #include "kiln/models/linear.hpp"

@@ -15,6 +15,7 @@
 #include "kiln/checkpointing/checkpoint.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
+#include "kiln/models/gelu.hpp"
 #include "kiln/models/layer_norm.hpp"
 #include "kiln/models/linear.hpp"
 #include "kiln/recipe/fields.hpp"
@@ -118,7 +119,7 @@ class gpt_mlp_impl : public torch::nn::Module, public kiln::checkpointable {
     fc = register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model));
     proj = register_module("proj", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model));
     drop = register_module("drop", kiln::models::dropout(s.dropout));
-    set_body([this](const torch::Tensor& x) { return drop->forward(apply_linear(*proj, torch::gelu(apply_linear(*fc, x)))); });
+    set_body([this](const torch::Tensor& x) { return drop->forward(apply_linear(*proj, kiln::models::gelu(apply_linear(*fc, x)))); });
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return run_checkpointed(*this, x); }
