@@ -5,7 +5,9 @@
 //                                                          (a GPU: tools/device-check runs this)
 //
 // Per precision: median step time over rounds (after W warm-up steps on a model of their own;
-// the rounds then continue one model, each with a fresh trainer and optimizer), the peak
+// the rounds then continue one model, each with a fresh trainer and optimizer; round r runs
+// every precision once, so each precision's step time against fp32's is also given as the
+// median of per-round ratios, which a busy minute on a shared machine does not skew), the peak
 // memory LibTorch allocates during one training step above what the step started with
 // (activations kept for backward, gradients, temporaries: kiln::memory_meter), the bytes of
 // parameters + gradients + optimizer state (+ fp32 masters for bf16-pure; its Kahan variant's
@@ -22,6 +24,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,15 +45,27 @@ kiln::models::gpt_settings model_settings(const options& o) {
 }
 
 struct result {
-  double step_ms = 0, eval_loss = 0, eval_accuracy = 0;
+  double step_ms = 0, vs_fp32 = 1, eval_loss = 0, eval_accuracy = 0;
   std::int64_t peak_step_bytes = 0, held_bytes = 0;
 };
 
-template <class Precision>
-result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval, const options& o,
-               const typename Precision::settings& precision = {}) {
-  using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
+// One precision's contender: its memory figures (measured when it is made), and its rounds,
+// which main() interleaves with the other precisions' so that a slow minute on a shared machine
+// falls on all of them alike.
+struct contender {
+  std::string name;
   result out;
+  std::function<double()> round;     // `steps` steps; seconds per step
+  std::function<void(result&)> evaluate;
+  std::vector<double> times;
+};
+
+template <class Precision>
+contender measure(std::string name, const kiln::data::tensor_pair& train, const kiln::data::tensor_pair& eval,
+                  const options& o, const typename Precision::settings& precision = {}) {
+  using trainer_t = kiln::trainer<Precision, kiln::optim::adamw>;
+  contender c{.name = std::move(name)};
+  result& out = c.out;
   // Memory: one step through the accelerator with a meter around it (after a first step, so
   // that gradients and optimizer state already exist, as in every later step).
   {
@@ -102,28 +118,34 @@ result measure(const kiln::data::tensor_pair& train, const kiln::data::tensor_pa
     s.options.steps = o.warmup;
     trainer_t(s).fit(model, loader);
   }
-  // Time and quality: `rounds` fits of `steps` steps, continuing the same model.
+  // Time and quality: rounds of `steps` steps, continuing the same model, each with a fresh
+  // trainer and optimizer (the policy, and what it registers, lives for its round only).
   torch::manual_seed(0);
-  kiln::models::gpt model(model_settings(o));
-  kiln::data::batch_loader loader(train, {.batch_size = o.batch});
-  std::vector<double> times;
-  s.options.steps = o.steps;
-  for (std::int64_t r = 0; r < o.rounds; ++r) {
-    trainer_t t(s);
-    times.push_back(t.fit(model, loader).seconds / static_cast<double>(o.steps));
-    if (r + 1 == o.rounds) {  // outside the timed fit
-      const auto quality = t.evaluate(model, eval);
-      out.eval_loss = quality.loss, out.eval_accuracy = quality.accuracy;
-    }
-  }
-  out.step_ms = 1e3 * median(times);
-  return out;
+  struct state {
+    kiln::models::gpt model;
+    kiln::data::batch_loader loader;
+    typename trainer_t::settings settings;
+  };
+  auto st = std::make_shared<state>(state{kiln::models::gpt(model_settings(o)),
+                                          kiln::data::batch_loader(train, {.batch_size = o.batch}), s});
+  st->settings.options.steps = o.steps;
+  c.round = [st, steps = o.steps] {
+    trainer_t t(st->settings);
+    return t.fit(st->model, st->loader).seconds / static_cast<double>(steps);
+  };
+  c.evaluate = [st, eval](result& r) {
+    trainer_t t(st->settings);
+    const auto quality = t.evaluate(st->model, eval);
+    r.eval_loss = quality.loss, r.eval_accuracy = quality.accuracy;
+  };
+  return c;
 }
 
 void print(const char* name, const result& r) {
-  std::printf("{\"precision\": \"%s\", \"step_ms\": %.3f, \"peak_step_bytes\": %lld, \"held_bytes\": %lld, "
-              "\"eval_loss\": %.4f, \"eval_accuracy\": %.4f}\n",
-              name, r.step_ms, (long long)r.peak_step_bytes, (long long)r.held_bytes, r.eval_loss, r.eval_accuracy);
+  std::printf("{\"precision\": \"%s\", \"step_ms\": %.3f, \"step_vs_fp32\": %.4f, \"peak_step_bytes\": %lld, "
+              "\"held_bytes\": %lld, \"eval_loss\": %.4f, \"eval_accuracy\": %.4f}\n",
+              name, r.step_ms, r.vs_fp32, (long long)r.peak_step_bytes, (long long)r.held_bytes, r.eval_loss,
+              r.eval_accuracy);
   std::fflush(stdout);
 }
 
@@ -150,10 +172,28 @@ int main(int argc, char** argv) {
   auto all = kiln::data::make_token_sequences(4096 + 512, o.seq, o.vocab, 0);
   kiln::data::tensor_pair train{all.inputs.slice(0, 0, 4096), all.targets.slice(0, 0, 4096)};
   kiln::data::tensor_pair eval{all.inputs.slice(0, 4096), all.targets.slice(0, 4096)};
-  print("fp32", measure<kiln::precision::fp32>(train, eval, o));
-  print("bf16", measure<kiln::precision::bf16>(train, eval, o));
-  print("bf16-pure", measure<kiln::precision::bf16_pure>(train, eval, o));
-  print("bf16-pure-kahan", measure<kiln::precision::bf16_pure>(train, eval, o, {.kahan = true}));
-  if (cuda || kiln::detail::cpu_half_autocast_failure().empty()) print("fp16", measure<kiln::precision::fp16>(train, eval, o));
+  std::vector<contender> contenders;
+  contenders.push_back(measure<kiln::precision::fp32>("fp32", train, eval, o));
+  contenders.push_back(measure<kiln::precision::bf16>("bf16", train, eval, o));
+  contenders.push_back(measure<kiln::precision::bf16_pure>("bf16-pure", train, eval, o));
+  contenders.push_back(measure<kiln::precision::bf16_pure>("bf16-pure-kahan", train, eval, o, {.kahan = true}));
+  if (cuda || kiln::detail::cpu_half_autocast_failure().empty())
+    contenders.push_back(measure<kiln::precision::fp16>("fp16", train, eval, o));
+  // Round r runs every precision once, starting from a different one each round.
+  const auto n = contenders.size();
+  for (std::int64_t r = 0; r < o.rounds; ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& c = contenders[(i + static_cast<std::size_t>(r)) % n];
+      c.times.push_back(c.round());
+    }
+  for (auto& c : contenders) {
+    c.out.step_ms = 1e3 * median(c.times);
+    // Against fp32 (the first): the median of the rounds' ratios, each from minutes apart at most.
+    std::vector<double> ratios;
+    for (std::size_t r = 0; r < c.times.size(); ++r) ratios.push_back(c.times[r] / contenders.front().times[r]);
+    c.out.vs_fp32 = median(ratios);
+    c.evaluate(c.out);
+    print(c.name.c_str(), c.out);
+  }
   return 0;
 }

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <iterator>
+#include <limits>
 
 namespace {
 
@@ -231,6 +233,58 @@ TEST_SUITE("precision") {
     // kernel, summing in bf16, is further off than that.
     const auto expected = torch::mm(torch::ones({48, 64}), f(x.to(torch::kBFloat16))).to(torch::kBFloat16);
     CHECK(torch::allclose(weight.grad(), expected.to(torch::kFloat), /*rtol=*/1.0 / 128, /*atol=*/0));
+  }
+
+  TEST_CASE("kiln's fp32 <-> bf16 / fp16 conversion is LibTorch's, bit for bit, at every vector width and in any dense layout") {
+    namespace pd = kiln::precision::detail;
+    torch::manual_seed(3);
+    // Ordinary values across fp32's range, bf16/fp16 ties, subnormals, overflow, infinities, NaN.
+    auto x = torch::randn({1031}) * torch::pow(2.0, torch::randint(-30, 30, {1031}).to(torch::kFloat));
+    const float specials[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-9f, 1.0f + 0x1p-11f, 0x1p-130f,
+                              -0x1p-140f, 0x1p-20f, 70000.0f, -1e30f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+    for (std::size_t i = 0; i < std::size(specials); ++i) x[static_cast<std::int64_t>(i)] = specials[i];
+    // Bit for bit, except that a NaN only has to stay NaN: LibTorch 1.13 itself narrows NaN to
+    // 0x7FC0 in c10::BFloat16 and to 0xFFFF in its AVX2 copy.
+    const auto bits = [](const torch::Tensor& t) {
+      const auto nan = torch::isnan(t);
+      const auto raw = t.element_size() == 2 ? t.view(torch::kInt16).to(torch::kInt32) : t.view(torch::kInt32);
+      return torch::where(nan, torch::full_like(raw, -1), raw);
+    };
+    for (const auto narrow : {torch::kBFloat16, torch::kHalf}) {
+      CAPTURE(narrow);
+      const auto reference = x.to(narrow);
+      const auto back = reference.to(torch::kFloat);
+      // Each vector width the kernel is built with, on the same data (lengths not a multiple of it).
+      auto with_width = [&](int width, const torch::Tensor& from, torch::ScalarType to) {
+        auto out = torch::empty_like(from, from.options().dtype(to));
+        kiln::detail::with_lane_storage(from.scalar_type(), [&]<class F>(std::type_identity<F>) {
+          kiln::detail::with_lane_storage(to, [&]<class T>(std::type_identity<T>) {
+            if (width == 4) pd::convert_range<4>(from.data_ptr<F>(), out.data_ptr<T>(), 0, from.numel());
+#ifdef KILN_GCC_X86
+            else if (kiln::detail::cpu_has_avx2()) pd::convert_avx2(from.data_ptr<F>(), out.data_ptr<T>(), 0, from.numel());
+#endif
+            else pd::convert_range<8>(from.data_ptr<F>(), out.data_ptr<T>(), 0, from.numel());
+          });
+        });
+        return out;
+      };
+      for (const int width : {4, 8}) {
+        CAPTURE(width);
+        CHECK(torch::equal(bits(with_width(width, x, narrow)), bits(reference)));
+        CHECK(torch::equal(bits(with_width(width, reference, torch::kFloat)), bits(back)));
+      }
+      CHECK(torch::equal(bits(pd::convert_cpu(x, narrow)), bits(reference)));
+      CHECK(torch::equal(bits(pd::convert_cpu(reference, torch::kFloat)), bits(back)));
+    }
+    // A transpose keeps its strides (no copy to contiguous first); a strided slice goes to LibTorch.
+    const auto m = torch::randn({37, 53});
+    const auto t = pd::convert_cpu(m.t(), torch::kBFloat16);
+    CHECK((t.strides() == m.t().strides()));
+    CHECK(torch::equal(t, m.t().to(torch::kBFloat16)));
+    const auto every_other = m.slice(1, 0, 53, 2);
+    CHECK_FALSE(pd::fast_conversion_applies(every_other, torch::kBFloat16));
+    CHECK(torch::equal(pd::convert_cpu(every_other, torch::kBFloat16), every_other.to(torch::kBFloat16)));
   }
 
   TEST_CASE("bf16 keeps half of fp32's activation memory with its matmuls computed in fp32") {

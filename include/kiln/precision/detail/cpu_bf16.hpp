@@ -13,7 +13,8 @@
 // operands they widen to fp32, call LibTorch's fp32 kernel (at::cpu::, no dispatch) and round
 // the product to bf16; every other dtype goes straight to LibTorch's kernel. The replacement
 // sits below autograd, so what backward keeps is still the bf16 tensors: the precision policy
-// keeps its memory saving, and the matmuls run at fp32 speed with fp32 accumulation.
+// keeps its memory saving, and the matmuls run at fp32 speed with fp32 accumulation. The
+// widening and rounding are kiln's vector loops (convert_kernel.hpp), not LibTorch's copy.
 // Convolutions are not covered: they keep LibTorch's kernels.
 //
 // 2. LayerNorm on mixed dtypes (LibTorch 1.13). 1.13's CPU layer_norm wants input, weight and
@@ -36,6 +37,7 @@
 #include <string>
 
 #include "kiln/detail/compat.hpp"
+#include "kiln/precision/detail/convert_kernel.hpp"
 #include "kiln/recipe/fields.hpp"
 
 namespace kiln::precision::detail {
@@ -61,10 +63,10 @@ namespace matmul_kernels {
 inline bool both_bf16(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16;
 }
-inline at::Tensor wide(const at::Tensor& t) { return t.to(at::kFloat); }
+inline at::Tensor wide(const at::Tensor& t) { return convert_cpu(t, at::kFloat); }
 inline at::Tensor narrow(const at::Tensor& t) {
   fp32_cpu_matmul_calls().fetch_add(1, std::memory_order_relaxed);
-  return t.to(at::kBFloat16);
+  return convert_cpu(t, at::kBFloat16);
 }
 
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
