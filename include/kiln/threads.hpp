@@ -9,9 +9,10 @@
 // gives it one back, and OpenBLAS's own pthreads (Debian's build; it splits every GEMM over
 // all cores) do the same inside every matmul. Measured on an AMD EPYC with 2 cores and 2 busy
 // processes (bench/run_contention): the quickstart step took 44x its idle time with 2 LibTorch
-// and 2 OpenBLAS threads, 25-40x with 1 and 2, and 1.7-2.6x with 1 and 1; on an idle machine
-// 2 and 2 was the fastest. So kiln runs as many threads as there are cores that nothing else
-// is running on, for LibTorch and OpenBLAS alike, and looks again every few steps:
+// and 2 OpenBLAS threads, 5-45x (12-113 ms a step) with 1 and 2, and 1.7-2.6x with 1 and 1;
+// on an idle machine 2 and 2 was the fastest. So kiln runs as many threads as there are cores
+// that nothing else is running on, for LibTorch and OpenBLAS alike, and looks again every few
+// steps:
 // /proc/stat's procs_running counts the machine's runnable tasks, less this process's own
 // (its threads in state R, OpenBLAS's spinning ones included). The median of the last few
 // looks decides, so a short-lived task does not move it.

@@ -4,6 +4,8 @@
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
 
+#include <ATen/Version.h>
+
 #include <doctest/doctest.h>
 
 #include "../temp_dir.hpp"
@@ -23,8 +25,13 @@ TEST_SUITE("device") {
 
   TEST_CASE("without CUDA, asking for it is an error that says why, in the recipe and the loader") {
     if (torch::cuda::is_available()) return;  // a GPU machine: nothing to refuse
+    // Why, as LibTorch's own build report tells it: a CPU-only build (Debian's), or a CUDA build
+    // (PyPI's) on a machine without a GPU.
+    const auto config = at::show_config();
+    const bool cuda_build = config.find("USE_CUDA=1") != std::string::npos || config.find("USE_CUDA=ON") != std::string::npos;
     CHECK_THROWS_WITH_AS(kiln::resolve_device("cuda", "f.toml: [train] device"),
-                         doctest::Contains("f.toml: [train] device = \"cuda\": this LibTorch was built without CUDA"),
+                         doctest::Contains(cuda_build ? "f.toml: [train] device = \"cuda\": no CUDA device is visible to this process"
+                                                      : "f.toml: [train] device = \"cuda\": this LibTorch was built without CUDA"),
                          kiln::config_error);
     CHECK_THROWS_AS(kiln::resolve_device("cuda:1"), kiln::config_error);
     CHECK_THROWS_AS(kiln::accelerator<>({.device = "cuda"}), kiln::config_error);

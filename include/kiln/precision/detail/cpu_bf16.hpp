@@ -17,11 +17,13 @@
 // widening and rounding are kiln's vector loops (convert_kernel.hpp), not LibTorch's copy.
 // Convolutions are not covered: they keep LibTorch's kernels.
 //
-// 2. LayerNorm on mixed dtypes (LibTorch 1.13). 1.13's CPU layer_norm wants input, weight and
-// bias of one dtype, and its CPU autocast has no rule for it, so a LayerNorm fed by a bf16
-// activation (a Linear's output) throws "expected scalar type BFloat16 but found Float". 2.x
-// takes the mix and returns the input's dtype; the rule below does the same on 1.13: weight and
-// bias are cast to the input's dtype (their gradients flow back through the cast).
+// 2. LayerNorm on mixed dtypes. 1.13's CPU layer_norm wants input, weight and bias of one dtype,
+// and its CPU autocast has no rule for it, so a LayerNorm fed by a bf16 activation (a Linear's
+// output) throws "expected scalar type BFloat16 but found Float". 2.x takes a bf16 input with
+// fp32 weights (and returns bf16), but still throws on the other mix, an fp32 input with bf16
+// weights ("mixed dtype (CPU): expect parameter to have scalar type of Float": a bf16 model's
+// LayerNorm fed fp32). The rule below casts weight and bias to the input's dtype where LibTorch
+// cannot take the mix (their gradients flow back through the cast), so both versions take any.
 #pragma once
 
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -89,21 +91,27 @@ inline at::Tensor baddbmm(const at::Tensor& c, const at::Tensor& a, const at::Te
 }
 }  // namespace matmul_kernels
 
-// The replacement, registered once per process while any owner holds it; when the last owner
-// lets go, LibTorch's own kernels are back (the dispatcher keeps them under the override).
+// One shared T per process while anyone holds it: the registrations below are process-wide, and
+// the last owner's release puts LibTorch's own kernels back (the dispatcher keeps them under an
+// override).
+template <class T>
+std::shared_ptr<const T> shared_while_held() {
+  static std::mutex lock;
+  static std::weak_ptr<const T> current;
+  std::lock_guard guard(lock);
+  if (auto live = current.lock()) return live;
+  std::shared_ptr<const T> fresh(new T);
+  current = fresh;
+  return fresh;
+}
+
+// The matmul replacement, registered while any owner holds it.
 class fp32_cpu_matmuls {
  public:
-  static std::shared_ptr<const fp32_cpu_matmuls> acquire() {
-    static std::mutex lock;
-    static std::weak_ptr<const fp32_cpu_matmuls> current;
-    std::lock_guard guard(lock);
-    if (auto live = current.lock()) return live;
-    std::shared_ptr<const fp32_cpu_matmuls> fresh(new fp32_cpu_matmuls);
-    current = fresh;
-    return fresh;
-  }
+  static std::shared_ptr<const fp32_cpu_matmuls> acquire() { return shared_while_held<fp32_cpu_matmuls>(); }
 
  private:
+  friend std::shared_ptr<const fp32_cpu_matmuls> shared_while_held<fp32_cpu_matmuls>();
   fp32_cpu_matmuls() : library_(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__) {
     kiln::detail::quiet_warnings quiet;  // "Overriding a previously registered kernel": that is the point
     library_.impl("mm", TORCH_FN(matmul_kernels::mm));
@@ -114,32 +122,29 @@ class fp32_cpu_matmuls {
   torch::Library library_;
 };
 
-// 1.13's missing autocast rule for layer_norm, registered while any owner holds it.
+// The autocast rule for layer_norm, registered while any owner holds it.
 class layer_norm_autocast_rule {
  public:
-  static std::shared_ptr<const layer_norm_autocast_rule> acquire() {
-    static std::mutex lock;
-    static std::weak_ptr<const layer_norm_autocast_rule> current;
-    std::lock_guard guard(lock);
-    if (auto live = current.lock()) return live;
-    std::shared_ptr<const layer_norm_autocast_rule> fresh(new layer_norm_autocast_rule);
-    current = fresh;
-    return fresh;
-  }
+  static std::shared_ptr<const layer_norm_autocast_rule> acquire() { return shared_while_held<layer_norm_autocast_rule>(); }
 
   static at::Tensor layer_norm(const at::Tensor& input, at::IntArrayRef normalized_shape,
                                const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
                                double eps, bool cudnn_enable) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    // 2.x's kernel takes a lower-precision input with fp32 weights itself (and keeps them fp32).
+    const bool libtorch_takes_mix = kiln::detail::torch_version_major >= 2 && input.scalar_type() != at::kFloat;
     auto like_input = [&](const c10::optional<at::Tensor>& t) -> c10::optional<at::Tensor> {
-      if (t && t->defined() && t->scalar_type() != input.scalar_type()) return t->to(input.scalar_type());
+      if (t && t->defined() && t->scalar_type() != input.scalar_type() && !libtorch_takes_mix)
+        return t->to(input.scalar_type());
       return t;
     };
     return at::layer_norm(input, normalized_shape, like_input(weight), like_input(bias), eps, cudnn_enable);
   }
 
  private:
+  friend std::shared_ptr<const layer_norm_autocast_rule> shared_while_held<layer_norm_autocast_rule>();
   layer_norm_autocast_rule() : library_(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastCPU, __FILE__, __LINE__) {
+    kiln::detail::quiet_warnings quiet;  // a LibTorch with a rule of its own gets this one instead
     library_.impl("layer_norm", TORCH_FN(layer_norm));
   }
   torch::Library library_;
@@ -153,12 +158,12 @@ inline constexpr const char* cpu_matmul_help =
 inline auto cpu_matmul_choices() { return kiln::checks::one_of({"auto", "fp32", "bf16"}); }
 
 // What a bf16 policy holds for its lifetime: the matmul replacement where `cpu_matmul` asks for
-// it, and on 1.13 the LayerNorm rule.
+// it, and the LayerNorm rule.
 struct cpu_bf16_kernels {
   explicit cpu_bf16_kernels(const std::string& cpu_matmul) {
     if (cpu_matmul == "fp32" || (cpu_matmul == "auto" && !cpu_has_onednn_bf16_gemm()))
       matmuls = fp32_cpu_matmuls::acquire();
-    if constexpr (kiln::detail::torch_version_major < 2) layer_norm = layer_norm_autocast_rule::acquire();
+    layer_norm = layer_norm_autocast_rule::acquire();
   }
   std::shared_ptr<const fp32_cpu_matmuls> matmuls;  // null: LibTorch's bf16 GEMM
   std::shared_ptr<const layer_norm_autocast_rule> layer_norm;
