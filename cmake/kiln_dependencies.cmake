@@ -30,6 +30,15 @@ target_link_libraries(kiln_dependencies INTERFACE ${TORCH_LIBRARIES} tomlplusplu
 # wheels give none, their ABI being the compiler's default).
 separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
+# A PyTorch wheel's CUDA libraries (NCCL, cuDNN, cuBLAS, ...) are other wheels under
+# site-packages/nvidia, which libtorch_cuda finds at run time through its own RPATH ($ORIGIN/../../
+# nvidia/*/lib). The linker does not follow that $ORIGIN, and would take a CUDA toolkit's older
+# libnccl from the system (missing symbols 2.x's libtorch_cuda needs): point it at the wheels'.
+file(GLOB _kiln_wheel_cuda_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+if(_kiln_wheel_cuda_libs)
+  list(JOIN _kiln_wheel_cuda_libs ":" _kiln_wheel_cuda_libs)
+  target_link_options(kiln_dependencies INTERFACE "LINKER:-rpath-link,${_kiln_wheel_cuda_libs}")
+endif()
 # c10d's process groups, each compiled into kiln only where its headers are found: KILN_GLOO and
 # KILN_NCCL are kiln's own switches (kiln/detail/process_group.hpp). LibTorch's headers also
 # hide each group behind USE_C10D_GLOO / USE_C10D_NCCL, which Debian's TorchConfig.cmake does not
@@ -38,9 +47,14 @@ target_compile_options(kiln_dependencies INTERFACE ${_kiln_torch_flags})
 # Gloo's headers must be those LibTorch was built with, so they are looked for beside LibTorch's
 # own (Debian's libgloo-dev puts them in /usr/include, as its LibTorch's; a PyTorch wheel ships
 # none), not wherever else the system has a Gloo.
+# A PyTorch wheel has Gloo in libtorch_cpu but no headers: -DKILN_GLOO_INCLUDE=DIR names other
+# ones (./kiln --torch pypi passes Debian's, /usr/include; docs/libtorch.md says how that is tested).
 find_path(KILN_GLOO_INCLUDE gloo/config.h HINTS "${TORCH_INSTALL_PREFIX}/include" NO_DEFAULT_PATH)
 if(KILN_GLOO_INCLUDE)
   target_compile_definitions(kiln_dependencies INTERFACE USE_C10D_GLOO KILN_GLOO)
+  if(NOT KILN_GLOO_INCLUDE STREQUAL "/usr/include")  # the compiler's own: -isystem would reorder it
+    target_include_directories(kiln_dependencies SYSTEM INTERFACE ${KILN_GLOO_INCLUDE})
+  endif()
 endif()
 # NCCL: a CUDA LibTorch built with it marks torch_cuda with USE_C10D_NCCL; its header includes
 # nccl.h, which the wheel's nvidia-nccl package keeps next to torch/. -DKILN_WITH_NCCL=OFF leaves

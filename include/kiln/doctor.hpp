@@ -19,6 +19,7 @@
 
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <ATen/Version.h>
 
 #include "kiln/precision/detail/cpu_bf16.hpp"
 #include "kiln/threads.hpp"
@@ -44,6 +45,37 @@ inline std::vector<std::string> loaded_libraries() {
       },
       &names);
   return names;
+}
+
+// What the LibTorch in this process was built with, from its own report (at::show_config(), which
+// Python prints as torch.__config__.show()): "Build settings: KEY=value, ..." and a line per
+// library ("Intel(R) MKL-DNN v3.12.0 ...").
+struct libtorch_build {
+  std::string library;   // the libtorch_cpu.so this process loaded
+  std::string cuda;      // the CUDA version it was built for; empty: a CPU-only build
+  std::string cudnn, blas, onednn;
+  bool nccl = false, kineto = false;
+};
+
+inline libtorch_build describe_libtorch() {
+  libtorch_build b;
+  const std::string config = at::show_config();
+  auto setting = [&](const std::string& key) -> std::string {
+    const auto at = config.find(" " + key + "=");
+    if (at == std::string::npos) return "";
+    const auto first = at + key.size() + 2;
+    return config.substr(first, config.find_first_of(",\n", first) - first);
+  };
+  if (setting("USE_CUDA") == "1" || setting("USE_CUDA") == "ON") b.cuda = setting("CUDA_VERSION");
+  b.cudnn = setting("CUDNN_VERSION");
+  b.blas = setting("BLAS_INFO");
+  b.nccl = setting("USE_NCCL") == "1" || setting("USE_NCCL") == "ON";
+  b.kineto = config.find(" -DUSE_KINETO") != std::string::npos;  // not EDGE_PROFILER_USE_KINETO
+  if (const auto at = config.find("MKL-DNN v"); at != std::string::npos)
+    b.onednn = config.substr(at + 8, config.find_first_of(" \n", at + 8) - (at + 8));
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::show_config), &info) && info.dli_fname) b.library = info.dli_fname;
+  return b;
 }
 
 inline bool cpu_has_flag(const std::string& flag) {
@@ -122,7 +154,15 @@ inline std::vector<doctor_line> bf16_gemm_lines(const bf16_gemm_measurement& m, 
 inline std::vector<doctor_line> diagnose() {
   std::vector<doctor_line> lines;
   lines.push_back({"kiln", KILN_VERSION_STRING, ""});
-  lines.push_back({"LibTorch", TORCH_VERSION, ""});
+  const auto build = detail::describe_libtorch();
+  lines.push_back({"LibTorch", std::string(TORCH_VERSION) + (build.library.empty() ? "" : " (" + build.library + ")"), ""});
+  lines.push_back({"LibTorch build",
+                   (build.cuda.empty() ? std::string("CPU only") : "CUDA " + build.cuda) +
+                       (build.cudnn.empty() ? "" : ", cuDNN " + build.cudnn) + (build.nccl ? ", NCCL" : "") +
+                       (build.kineto ? ", Kineto" : ", no Kineto (the trace is kiln's own)") +
+                       (build.onednn.empty() ? "" : ", oneDNN " + build.onednn) +
+                       (build.blas.empty() ? "" : ", BLAS " + build.blas),
+                   ""});
 
   const auto cores = std::thread::hardware_concurrency();
   const auto threads = at::get_num_threads();
@@ -148,7 +188,7 @@ inline std::vector<doctor_line> diagnose() {
   // Which BLAS library is loaded, and for OpenBLAS which kernel it chose.
   std::string blas = "unknown";
   for (const auto& lib : detail::loaded_libraries())
-    if (lib.find("blas") != std::string::npos) blas = lib;
+    if (lib.find("blas") != std::string::npos && lib.find("cublas") == std::string::npos) blas = lib;  // cuBLAS: the GPU's
   std::string blas_warning;
   if (blas == "unknown" && at::hasMKL()) {
     blas = "MKL, linked into LibTorch";  // PyTorch's own builds
