@@ -88,6 +88,20 @@ struct non_finite_report {
   }
 };
 
+// Where a forward threw: the op the model's forward called (aten::mm, not the ops inside it),
+// and the module whose parameters it took, or the last module before it.
+struct failure_site {
+  std::string module;     // "" when no module's parameters had been used yet
+  std::string op;         // "" when the exception came from the forward's own code, between ops
+  bool inferred = false;  // no parameter among the op's inputs: module is the one before it
+
+  std::string text() const {
+    std::string out = op.empty() ? std::string("between ops") : "in " + op;
+    if (!module.empty()) out += (inferred ? " after module " : " of module ") + module;
+    return out;
+  }
+};
+
 // Thrown in anomaly mode at the first non-finite forward output or gradient.
 struct anomaly_error : error {
   using error::error;
@@ -245,15 +259,31 @@ class diagnostics {
   // Active only when anomaly or due(step); otherwise it installs nothing and costs nothing.
   [[nodiscard]] forward_watch watch_forward(std::int64_t step) {
     if (!attached_ || !(settings_.anomaly || due(step))) return forward_watch();
-    auto state = std::make_unique<forward_state>();
-    state->owner = this;
-    state->step = step;
-    // Rebuilt per scope: moving a module to a device replaces its parameters' storage.
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i].value;
-      if (p.defined() && p.has_storage()) state->storages.emplace(p.storage().unsafeGetStorageImpl(), params_[i].module);
+    return forward_watch(new_forward_state(step));
+  }
+
+  // Runs a forward that threw once more, observing every op it calls, and says where it
+  // throws this time; nullopt if it does not throw again. Run only after a failure, so that
+  // a forward that succeeds pays nothing; the model's own state (batch-norm statistics, the
+  // RNG) moves on as if a step had been taken, which is fine for a run about to stop.
+  static std::optional<failure_site> locate_failure(torch::nn::Module& model, const std::function<void()>& forward) {
+    diagnostics locator;
+    locator.attach(model);
+    auto state = locator.new_forward_state(0);
+    state->locating = true;
+    auto* seen = state.get();
+    forward_watch watch(std::move(state));
+    try {
+      forward();
+    } catch (...) {
+      if (!seen->failure && seen->recent_module)  // thrown by the forward's own code, after its last op
+        seen->failure = failure_site{locator.modules_[*seen->recent_module], "", true};
+      auto found = seen->failure;
+      watch.release();
+      return found;
     }
-    return forward_watch(std::move(state));
+    watch.release();
+    return std::nullopt;
   }
 
   // After backward on the micro-step that synchronises gradients, before the optimizer step.
@@ -412,7 +442,23 @@ class diagnostics {
     std::vector<pending_check> checks;
     std::int64_t depth = 0;  // ops open on this thread inside the scope
     std::exception_ptr hook_error;
+    bool locating = false;  // locate_failure: no checks, only where the exception passes
+    int exceptions_at_start = 0;
+    std::optional<failure_site> failure;
   };
+
+  std::unique_ptr<forward_state> new_forward_state(std::int64_t step) {
+    auto state = std::make_unique<forward_state>();
+    state->owner = this;
+    state->step = step;
+    state->exceptions_at_start = std::uncaught_exceptions();
+    // Rebuilt per scope: moving a module to a device replaces its parameters' storage.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i].value;
+      if (p.defined() && p.has_storage()) state->storages.emplace(p.storage().unsafeGetStorageImpl(), params_[i].module);
+    }
+    return state;
+  }
 
   static forward_state*& current_state() {
     static thread_local forward_state* state = nullptr;
@@ -476,6 +522,16 @@ class diagnostics {
     if (!state || !ctx) return;
     state->depth = ctx->depth;
     if (ctx->depth > 0) return;
+    if (state->locating) {
+      // RecordFunction ends an op from its destructor, so an op that throws ends too, while
+      // its exception unwinds: the first such op the forward called itself is the one.
+      if (!state->failure && std::uncaught_exceptions() > state->exceptions_at_start) {
+        const std::string no_module;
+        state->failure = failure_site{ctx->has_module ? state->owner->modules_[ctx->module] : no_module,
+                                      std::string(fn.name()), ctx->inferred};
+      }
+      return;
+    }
     // The checks and hooks run ops of their own, which must not be observed in turn.
     at::RecordFunctionGuard off(false);
     torch::NoGradGuard no_grad;

@@ -134,9 +134,11 @@ inline std::string first_difference(const std::string& a, const std::string& b) 
 // What a failed micro-step says: where it was, then the cause (first lines only: LibTorch's
 // messages can go on for pages of dispatcher state).
 inline std::string step_failure(std::int64_t step, std::int64_t micro, std::int64_t window, const char* doing,
-                                const std::string& cause) {
+                                const std::string& cause, const std::optional<failure_site>& site) {
   std::string where = "step " + std::to_string(step);
   if (window > 1) where += " (micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(window) + ")";
+  where += std::string(", ") + doing;
+  if (site) where += ", " + site->text();
   std::string text = cause;
   std::size_t lines = 0, at = 0;
   while (at < text.size() && lines < 3) {
@@ -146,7 +148,7 @@ inline std::string step_failure(std::int64_t step, std::int64_t micro, std::int6
   }
   if (lines == 3 && at < text.size()) text = text.substr(0, at) + "...";
   while (!text.empty() && text.back() == '\n') text.pop_back();
-  return where + ", " + doing + ": " + text;
+  return where + ": " + text;
 }
 
 }  // namespace detail
@@ -238,19 +240,29 @@ class trainer {
       }
       if (window != micro_steps) acc.begin_window(window);
       for (std::int64_t micro = 0; micro < window; ++micro) {
+        static constexpr const char* forward_phase = "forward (model and loss)";
         const char* doing = "loading the batch";  // named by the step's error, if one is thrown
+        torch::Tensor inputs, targets;
+        auto forward_loss = [&] {
+          auto cast = acc.autocast();
+          return detail::classification_loss(detail::forward(model, inputs), targets);
+        };
+        // Where in the model a forward failed, found by running it again under observation.
+        auto failed_at = [&]() -> std::optional<failure_site> {
+          if (doing != forward_phase) return std::nullopt;
+          return diagnostics::locate_failure(module, [&] { (void)forward_loss(); });
+        };
         try {
           if constexpr (profiler_t::enabled) profiler.begin(phase::data);
           auto batch = train.next();
           // On the model's device (the data phase includes the copy to a GPU).
-          const auto inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
+          inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
           if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
-          doing = "forward (model and loss)";
+          doing = forward_phase;
           torch::Tensor loss;
           {
             auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
-            auto cast = acc.autocast();
-            loss = detail::classification_loss(detail::forward(model, inputs), targets);
+            loss = forward_loss();
           }
           if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
           doing = "backward";
@@ -267,11 +279,11 @@ class trainer {
           if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
           if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
         } catch (const c10::Error& e) {
-          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what_without_backtrace()));
+          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what_without_backtrace(), failed_at()));
         } catch (const kiln::error&) {
           throw;  // already names its cause
         } catch (const std::exception& e) {
-          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what()));
+          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what(), failed_at()));
         }
       }
       const auto& result = acc.last_step();

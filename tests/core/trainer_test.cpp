@@ -68,6 +68,28 @@ struct wrong_matmulImpl : torch::nn::Module {
 };
 TORCH_MODULE(wrong_matmul);
 
+// The failing op is two modules down, inside a Sequential.
+struct nested_mismatchImpl : torch::nn::Module {
+  torch::nn::Sequential body{nullptr};
+  nested_mismatchImpl()
+      : body(register_module("body", torch::nn::Sequential(torch::nn::Linear(16, 8), torch::nn::ReLU(),
+                                                            torch::nn::Linear(4, 4)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return body->forward(x); }
+};
+TORCH_MODULE(nested_mismatch);
+
+// The forward's own code throws, after an op has run.
+struct own_checkImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  own_checkImpl() : fc(register_module("fc", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = fc->forward(x);
+    TORCH_CHECK(y.size(1) == 5, "own_check wants 5 features, got ", y.size(1));
+    return y;
+  }
+};
+TORCH_MODULE(own_check);
+
 }  // namespace
 
 TEST_SUITE("trainer") {
@@ -289,7 +311,7 @@ TEST_SUITE("trainer") {
 }
 
 TEST_SUITE("trainer") {
-  TEST_CASE("an error inside a step is a kiln::step_error naming the step and the phase, without a backtrace") {
+  TEST_CASE("an error inside a step is a kiln::step_error naming the step, the phase, the op and the module, without a backtrace") {
     setup s(4);
     wrong_matmul model;
     trainer_t t(settings_for({}, 5));
@@ -299,9 +321,31 @@ TEST_SUITE("trainer") {
     } catch (const kiln::step_error& e) {
       message = e.what();
     }
-    CHECK_MESSAGE(message.rfind("step 1, forward (model and loss): ", 0) == 0, message);
+    // The module is found by running the forward again under observation: fc's weight is an
+    // input of the op that threw.
+    CHECK_MESSAGE(message.rfind("step 1, forward (model and loss), in aten::mm of module fc: ", 0) == 0, message);
     CHECK_MESSAGE(message.find("(32x16 and 4x16)") != std::string::npos, message);  // LibTorch's own words
     CHECK_MESSAGE(message.find("Exception raised from") == std::string::npos, message);  // no C++ backtrace
+  }
+
+  TEST_CASE("a step error names the module of a nested failing op, or the module before the forward's own check") {
+    auto message_of = [](auto model) {
+      setup s(4);
+      trainer_t t(settings_for({}, 5));
+      try {
+        t.fit(model, s.loader);
+      } catch (const kiln::step_error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no step_error");
+    };
+    const auto nested = message_of(nested_mismatch());
+    // The op is the first one observed: aten::linear on 2.x, its aten::addmm on 1.13.
+    CHECK_MESSAGE(nested.rfind("step 1, forward (model and loss), in aten::", 0) == 0, nested);
+    CHECK_MESSAGE(nested.find(" of module body.2: mat1 and mat2 shapes") != std::string::npos, nested);
+    const auto own = message_of(own_check());
+    CHECK_MESSAGE(own.rfind("step 1, forward (model and loss), between ops after module fc: ", 0) == 0, own);
+    CHECK_MESSAGE(own.find("own_check wants 5 features, got 4") != std::string::npos, own);
   }
 
   TEST_CASE("anomaly mode stops the run at the first NaN and names its module") {
