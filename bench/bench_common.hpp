@@ -2,6 +2,8 @@
 // and their "--name value" command lines.
 #pragma once
 
+#include <kiln/threads.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +27,8 @@ inline double median(std::vector<double> v) {
 class flags {
  public:
   flags(int argc, char** argv, const std::vector<std::string>& known) : program_(argv[0]) {
+    // As the kiln CLI runs (threads.hpp): a bench binary started by hand measures the same.
+    kiln::ensure_passive_openmp_wait(argv);
     for (int i = 1; i < argc; i += 2) {
       const std::string name = argv[i];
       if (std::find(known.begin(), known.end(), name) == known.end()) fail("unknown option " + name);

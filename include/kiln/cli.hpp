@@ -172,21 +172,10 @@ inline int list_runs(const std::filesystem::path& root) {
   return 0;
 }
 
-// Two cores shared by LibTorch's OpenMP threads and OpenBLAS's own threads: with libgomp's
-// default (active) waiting, each spins while the other works, and an MLP step ran 12x slower
-// with 2 threads than with 1 (README.md, "This machine, and threads"). Passive waiting removes that. libgomp reads
-// the variable when it loads, before main(), so the CLI sets it and re-executes itself once;
-// an explicit OMP_WAIT_POLICY from the user is left alone.
-inline void ensure_passive_openmp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY")) return;
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
-}
-
 }  // namespace detail
 
 inline int main(int argc, char** argv, const std::vector<compiled_combination>& catalog) {
-  detail::ensure_passive_openmp_wait(argv);
+  ensure_passive_openmp_wait(argv);  // threads.hpp: why
   keep_freed_step_memory();
   try {
     auto args = detail::parse(argc, argv);

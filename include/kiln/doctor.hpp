@@ -182,7 +182,8 @@ inline std::vector<doctor_line> diagnose() {
   lines.push_back({"OpenMP wait", wait_policy ? std::string(wait_policy) : "unset (libgomp spins: active)",
                    !wait_policy && threads > 1
                        ? "with OpenBLAS threads beside OpenMP's, spinning threads slowed an MLP step 12x on 2 cores; "
-                         "the kiln CLI sets OMP_WAIT_POLICY=PASSIVE, do the same in your own programs"
+                         "the kiln CLI sets OMP_WAIT_POLICY=PASSIVE; in your own programs call "
+                         "kiln::ensure_passive_openmp_wait(argv) first in main(), or set it in the environment"
                        : ""});
 
   // Which BLAS library is loaded, and for OpenBLAS which kernel it chose.

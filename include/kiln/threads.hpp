@@ -19,11 +19,13 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -75,6 +77,18 @@ inline bool set_openblas_threads(int n) {
 }
 
 }  // namespace detail
+
+// LibTorch's OpenMP threads and OpenBLAS's own threads share the cores: with libgomp's default
+// (active) waiting, OpenMP's workers spin after each parallel region while the next GEMM wants
+// their cores (docs/threads.md, "The OpenMP wait policy"). libgomp reads
+// OMP_WAIT_POLICY when it loads, before main(), so this sets it and re-executes the program
+// once: call it first thing in main(). An explicit OMP_WAIT_POLICY is left alone; where the
+// re-execution fails, the program runs on as it is.
+inline void ensure_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);
+}
 
 // Cores that tasks of other processes are running on right now (0 where /proc says nothing).
 inline int cores_busy_elsewhere() {
