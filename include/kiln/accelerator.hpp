@@ -27,6 +27,7 @@
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/policies.hpp"
+#include "kiln/settings/fields.hpp"
 #include "kiln/schedule.hpp"
 
 namespace kiln {
@@ -71,8 +72,29 @@ class accelerator {
     std::string device = "auto";   // kiln/device.hpp: "auto", "cpu", "cuda" or "cuda:N"
   };
 
+  // Settings built in C++ get the checks a recipe's get, in the same words ("optimizer.lr = -1:
+  // expected a value > 0"); a recipe's were checked when it was read, and pass again.
+  static settings checked(settings s) {
+    std::vector<std::string> errors;
+    auto check = [&errors]<class Part>(Part& part, std::string_view table) {
+      if constexpr (requires(detail::check_visitor v) { part.describe(v); })
+        for (auto& e : kiln::validate(part, std::string(table))) errors.push_back(std::move(e));
+    };
+    check(s.precision, axis::precision::name);
+    check(s.accumulation, axis::accumulation::name);
+    check(s.checkpointing, axis::checkpointing::name);
+    check(s.sharding, axis::sharding::name);
+    check(s.optimizer, axis::optimizer::name);
+    check(s.profiler, axis::profiler::name);
+    check(s.scheduler, "scheduler");
+    if (auto e = checks::non_negative(s.clip_grad_norm))
+      errors.push_back("train.clip_grad_norm = " + detail::value_text(s.clip_grad_norm) + ": " + *e);
+    throw_if_invalid(errors);
+    return s;
+  }
+
   explicit accelerator(settings s = {})
-      : settings_(std::move(s)),
+      : settings_(checked(std::move(s))),
         precision_(settings_.precision),
         accumulation_(settings_.accumulation),
         checkpointing_(settings_.checkpointing),

@@ -144,92 +144,145 @@ inline constexpr bool on_known_axis =
     on_axis<axis::precision, P> || on_axis<axis::accumulation, P> || on_axis<axis::checkpointing, P> ||
     on_axis<axis::sharding, P> || on_axis<axis::optimizer, P> || on_axis<axis::profiler, P>;
 
-// The members every policy needs, each with its own sentence.
+// False for every P, for a static_assert that fires only where it is instantiated: in the
+// branch of the first check a type fails.
+template <class P>
+inline constexpr bool missing = false;
+
+// The members every policy needs, each with its own sentence. Only the first one missing is
+// reported, so that a type that is no policy at all gives one error, not one per member.
 template <class P>
 consteval bool check_policy_basics() {
-  static_assert(names_an_axis<P>,
-                "kiln: this type is not a policy: it has no member `using axis = kiln::axis::<name>;` "
-                "(one of precision, accumulation, checkpointing, sharding, optimizer, profiler)");
-  if constexpr (names_an_axis<P>) {
-    static_assert(on_known_axis<P>,
-                  "kiln: this type is not a policy: its `axis` member is none of kiln::axis::precision, "
-                  "accumulation, checkpointing, sharding, optimizer, profiler");
+  if constexpr (!names_an_axis<P>) {
+    static_assert(missing<P>, "kiln: this type is not a policy: it has no member `using axis = kiln::axis::<name>;` "
+                              "(one of precision, accumulation, checkpointing, sharding, optimizer, profiler)");
+    return false;
+  } else if constexpr (!on_known_axis<P>) {
+    static_assert(missing<P>, "kiln: this type is not a policy: its `axis` member is none of kiln::axis::precision, "
+                              "accumulation, checkpointing, sharding, optimizer, profiler");
+    return false;
+  } else if constexpr (!has_kind<P>) {
+    static_assert(missing<P>, "kiln: policy is missing `static constexpr std::string_view kind` (its TOML kind)");
+    return false;
+  } else if constexpr (!has_settings<P>) {
+    static_assert(missing<P>, "kiln: policy is missing a default-constructible nested `settings` struct");
+    return false;
+  } else if constexpr (!constructible_from_settings<P>) {
+    static_assert(missing<P>, "kiln: policy is missing a constructor `explicit P(const settings&)`");
+    return false;
+  } else {
+    return true;
   }
-  static_assert(has_kind<P>, "kiln: policy is missing `static constexpr std::string_view kind` (its TOML kind)");
-  static_assert(has_settings<P>, "kiln: policy is missing a default-constructible nested `settings` struct");
-  if constexpr (has_settings<P>)
-    static_assert(constructible_from_settings<P>,
-                  "kiln: policy is missing a constructor `explicit P(const settings&)`");
-  return names_an_axis<P> && on_known_axis<P> && has_kind<P> && constructible_from_settings<P>;
 }
 
 }  // namespace detail
 
-// Checks one policy against its axis, member by member. Returns whether it is complete, so
-// that callers can stop instantiating further code (and further errors) when it is not.
+// Checks one policy against its axis, member by member, and reports the first member missing
+// (one error, one sentence). Returns whether it is complete, so that callers can stop
+// instantiating further code (and further errors) when it is not.
 template <class P>
 consteval bool check_policy() {
   if constexpr (!detail::check_policy_basics<P>()) {
     return false;
   } else if constexpr (std::is_same_v<typename P::axis, axis::precision>) {
-    static_assert(requires(const P& p) { p.autocast(); },
-                  "kiln: precision axis: policy is missing `autocast() const` (an RAII scope around forward and loss)");
-    static_assert(requires(const P& p, const torch::Tensor& t) { { p.scale(t) } -> std::convertible_to<torch::Tensor>; },
-                  "kiln: precision axis: policy is missing `torch::Tensor scale(const torch::Tensor& loss) const`");
-    static_assert(requires(P& p, std::vector<torch::Tensor>& v) { { p.unscale_and_check(v) } -> std::same_as<bool>; },
-                  "kiln: precision axis: policy is missing `bool unscale_and_check(std::vector<torch::Tensor>& params)`");
-    static_assert(requires(P& p) { p.update(true); },
-                  "kiln: precision axis: policy is missing `void update(bool all_finite)`");
-    return precision_policy<P>;
+    if constexpr (!(requires(const P& p) { p.autocast(); })) {
+      static_assert(detail::missing<P>, "kiln: precision axis: policy is missing `autocast() const` (an RAII scope around forward and loss)");
+      return false;
+    } else if constexpr (!(requires(const P& p, const torch::Tensor& t) { { p.scale(t) } -> std::convertible_to<torch::Tensor>; })) {
+      static_assert(detail::missing<P>, "kiln: precision axis: policy is missing `torch::Tensor scale(const torch::Tensor& loss) const`");
+      return false;
+    } else if constexpr (!(requires(P& p, std::vector<torch::Tensor>& v) { { p.unscale_and_check(v) } -> std::same_as<bool>; })) {
+      static_assert(detail::missing<P>, "kiln: precision axis: policy is missing `bool unscale_and_check(std::vector<torch::Tensor>& params)`");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.update(true); })) {
+      static_assert(detail::missing<P>, "kiln: precision axis: policy is missing `void update(bool all_finite)`");
+      return false;
+    } else {
+      return precision_policy<P>;
+    }
   } else if constexpr (std::is_same_v<typename P::axis, axis::accumulation>) {
-    static_assert(requires(const P& p) { { p.micro_steps() } -> std::convertible_to<std::int64_t>; },
-                  "kiln: accumulation axis: policy is missing `std::int64_t micro_steps() const`");
-    static_assert(requires(const P& p) { { p.unit() } -> std::same_as<loss_unit>; },
-                  "kiln: accumulation axis: policy is missing `kiln::loss_unit unit() const`");
-    static_assert(requires(P& p, const torch::Tensor& t, const rank_mean& m) { { p.normalize(t, 1.0, m) } -> std::convertible_to<torch::Tensor>; },
-                  "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss, double items, const kiln::rank_mean&)`");
-    static_assert(requires(P& p, const rank_mean& m) { { p.end_window(m) } -> std::convertible_to<double>; },
-                  "kiln: accumulation axis: policy is missing `double end_window(const kiln::rank_mean&)`");
-    return accumulation_policy<P>;
+    if constexpr (!(requires(const P& p) { { p.micro_steps() } -> std::convertible_to<std::int64_t>; })) {
+      static_assert(detail::missing<P>, "kiln: accumulation axis: policy is missing `std::int64_t micro_steps() const`");
+      return false;
+    } else if constexpr (!(requires(const P& p) { { p.unit() } -> std::same_as<loss_unit>; })) {
+      static_assert(detail::missing<P>, "kiln: accumulation axis: policy is missing `kiln::loss_unit unit() const`");
+      return false;
+    } else if constexpr (!(requires(P& p, const torch::Tensor& t, const rank_mean& m) { { p.normalize(t, 1.0, m) } -> std::convertible_to<torch::Tensor>; })) {
+      static_assert(detail::missing<P>, "kiln: accumulation axis: policy is missing `torch::Tensor normalize(const torch::Tensor& loss, double items, const kiln::rank_mean&)`");
+      return false;
+    } else if constexpr (!(requires(P& p, const rank_mean& m) { { p.end_window(m) } -> std::convertible_to<double>; })) {
+      static_assert(detail::missing<P>, "kiln: accumulation axis: policy is missing `double end_window(const kiln::rank_mean&)`");
+      return false;
+    } else {
+      return accumulation_policy<P>;
+    }
   } else if constexpr (std::is_same_v<typename P::axis, axis::checkpointing>) {
-    static_assert(requires(P& p, torch::nn::Module& m) { p.apply(m); },
-                  "kiln: checkpointing axis: policy is missing `void apply(torch::nn::Module& model)`");
-    return checkpointing_policy<P>;
+    if constexpr (!(requires(P& p, torch::nn::Module& m) { p.apply(m); })) {
+      static_assert(detail::missing<P>, "kiln: checkpointing axis: policy is missing `void apply(torch::nn::Module& model)`");
+      return false;
+    } else {
+      return checkpointing_policy<P>;
+    }
   } else if constexpr (std::is_same_v<typename P::axis, axis::sharding>) {
-    static_assert(requires(const P& p) { { p.rank() } -> std::convertible_to<std::int64_t>; },
-                  "kiln: sharding axis: policy is missing `std::int64_t rank() const`");
-    static_assert(requires(const P& p) { { p.world_size() } -> std::convertible_to<std::int64_t>; },
-                  "kiln: sharding axis: policy is missing `std::int64_t world_size() const`");
-    static_assert(requires(P& p, torch::nn::Module& m) { p.prepare(m); },
-                  "kiln: sharding axis: policy is missing `void prepare(torch::nn::Module& model)`");
-    static_assert(requires(P& p) { p.no_sync(); },
-                  "kiln: sharding axis: policy is missing `no_sync()` (an RAII scope that suspends gradient sync)");
-    static_assert(requires(P& p) { p.finish_backward(); },
-                  "kiln: sharding axis: policy is missing `void finish_backward()`");
-    static_assert(requires(P& p) { { p.all_ranks_true(true) } -> std::same_as<bool>; },
-                  "kiln: sharding axis: policy is missing `bool all_ranks_true(bool)`");
-    static_assert(requires(P& p, const torch::Tensor& t) { { p.sum_over_ranks(t) } -> std::convertible_to<torch::Tensor>; },
-                  "kiln: sharding axis: policy is missing `torch::Tensor sum_over_ranks(const torch::Tensor&)`");
-    return sharding_policy<P>;
+    if constexpr (!(requires(const P& p) { { p.rank() } -> std::convertible_to<std::int64_t>; })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `std::int64_t rank() const`");
+      return false;
+    } else if constexpr (!(requires(const P& p) { { p.world_size() } -> std::convertible_to<std::int64_t>; })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `std::int64_t world_size() const`");
+      return false;
+    } else if constexpr (!(requires(P& p, torch::nn::Module& m) { p.prepare(m); })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `void prepare(torch::nn::Module& model)`");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.no_sync(); })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `no_sync()` (an RAII scope that suspends gradient sync)");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.finish_backward(); })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `void finish_backward()`");
+      return false;
+    } else if constexpr (!(requires(P& p) { { p.all_ranks_true(true) } -> std::same_as<bool>; })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `bool all_ranks_true(bool)`");
+      return false;
+    } else if constexpr (!(requires(P& p, const torch::Tensor& t) { { p.sum_over_ranks(t) } -> std::convertible_to<torch::Tensor>; })) {
+      static_assert(detail::missing<P>, "kiln: sharding axis: policy is missing `torch::Tensor sum_over_ranks(const torch::Tensor&)`");
+      return false;
+    } else {
+      return sharding_policy<P>;
+    }
   } else if constexpr (std::is_same_v<typename P::axis, axis::optimizer>) {
-    static_assert(requires(P& p, const std::vector<std::pair<std::string, torch::Tensor>>& n) { p.attach(n); },
-                  "kiln: optimizer axis: policy is missing `void attach(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters)`");
-    static_assert(requires(P& p) { p.step(); }, "kiln: optimizer axis: policy is missing `void step()`");
-    static_assert(requires(P& p) { p.zero_grad(); }, "kiln: optimizer axis: policy is missing `void zero_grad()`");
-    static_assert(requires(P& p) { p.set_lr(1.0); }, "kiln: optimizer axis: policy is missing `void set_lr(double)`");
-    static_assert(requires(const P& p) { { p.base_lr() } -> std::convertible_to<double>; },
-                  "kiln: optimizer axis: policy is missing `double base_lr() const`");
-    static_assert(requires(const P& p) { { p.state_bytes() } -> std::convertible_to<std::int64_t>; },
-                  "kiln: optimizer axis: policy is missing `std::int64_t state_bytes() const`");
-    return optimizer_policy<P>;
+    if constexpr (!(requires(P& p, const std::vector<std::pair<std::string, torch::Tensor>>& n) { p.attach(n); })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `void attach(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters)`");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.step(); })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `void step()`");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.zero_grad(); })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `void zero_grad()`");
+      return false;
+    } else if constexpr (!(requires(P& p) { p.set_lr(1.0); })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `void set_lr(double)`");
+      return false;
+    } else if constexpr (!(requires(const P& p) { { p.base_lr() } -> std::convertible_to<double>; })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `double base_lr() const`");
+      return false;
+    } else if constexpr (!(requires(const P& p) { { p.state_bytes() } -> std::convertible_to<std::int64_t>; })) {
+      static_assert(detail::missing<P>, "kiln: optimizer axis: policy is missing `std::int64_t state_bytes() const`");
+      return false;
+    } else {
+      return optimizer_policy<P>;
+    }
   } else {
-    static_assert(requires { { P::enabled } -> std::convertible_to<bool>; },
-                  "kiln: profiler axis: policy is missing `static constexpr bool enabled`");
-    static_assert(requires(P& p, kiln::phase ph) { p.begin(ph); p.end(ph); },
-                  "kiln: profiler axis: policy is missing `void begin(kiln::phase)` / `void end(kiln::phase)`");
-    static_assert(requires(P& p, std::int64_t s) { p.on_step_end(s); },
-                  "kiln: profiler axis: policy is missing `void on_step_end(std::int64_t step)`");
-    return profiler_policy<P>;
+    if constexpr (!(requires { { P::enabled } -> std::convertible_to<bool>; })) {
+      static_assert(detail::missing<P>, "kiln: profiler axis: policy is missing `static constexpr bool enabled`");
+      return false;
+    } else if constexpr (!(requires(P& p, kiln::phase ph) { p.begin(ph); p.end(ph); })) {
+      static_assert(detail::missing<P>, "kiln: profiler axis: policy is missing `void begin(kiln::phase)` / `void end(kiln::phase)`");
+      return false;
+    } else if constexpr (!(requires(P& p, std::int64_t s) { p.on_step_end(s); })) {
+      static_assert(detail::missing<P>, "kiln: profiler axis: policy is missing `void on_step_end(std::int64_t step)`");
+      return false;
+    } else {
+      return profiler_policy<P>;
+    }
   }
 }
 

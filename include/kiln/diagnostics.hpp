@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "kiln/errors.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln {
 
@@ -108,14 +108,6 @@ struct anomaly_error : error {
 };
 
 namespace detail {
-
-inline diagnostics_settings checked_diagnostics_settings(diagnostics_settings settings) {
-  auto errors = kiln::validate(settings, "diagnostics");
-  if (errors.empty()) return settings;
-  std::string text = errors.front();
-  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
-  throw config_error(text);
-}
 
 // Reduced-precision norms overflow long before the values are non-finite.
 inline torch::Tensor squared_norm(const torch::Tensor& t) {
@@ -231,7 +223,7 @@ class diagnostics {
     int exceptions_at_start_ = 0;
   };
 
-  explicit diagnostics(diagnostics_settings s = {}) : settings_(detail::checked_diagnostics_settings(std::move(s))) {}
+  explicit diagnostics(diagnostics_settings s = {}) : settings_(kiln::checked(std::move(s), "diagnostics")) {}
 
   diagnostics(const diagnostics&) = delete;
   diagnostics& operator=(const diagnostics&) = delete;

@@ -12,7 +12,7 @@
 #include <numbers>
 #include <string>
 
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln {
 

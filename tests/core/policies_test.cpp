@@ -4,6 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <type_traits>
 
 TEST_SUITE("policies") {
@@ -54,7 +59,37 @@ TEST_SUITE("policies") {
     s.beta2 = 1.0;
     auto errors = kiln::validate(s, "optimizer");
     REQUIRE(errors.size() == 2);
-    CHECK(errors[0] == "optimizer.lr: expected a value > 0");
-    CHECK(errors[1] == "optimizer.beta2: expected a value in [0, 1)");
+    CHECK(errors[0] == "optimizer.lr = -1: expected a value > 0");
+    CHECK(errors[1] == "optimizer.beta2 = 1: expected a value in [0, 1)");
+  }
+
+  TEST_CASE("an accelerator built in C++ refuses what a recipe would, in the recipe's words") {
+    using acc_t = kiln::accelerator<kiln::optim::adamw>;
+    acc_t::settings s;
+    s.optimizer.lr = -1;
+    s.scheduler.kind = "consant";
+    s.clip_grad_norm = -0.5;
+    std::string message;
+    try {
+      acc_t acc(s);
+    } catch (const kiln::config_error& e) {
+      message = e.what();
+    }
+    CHECK(message ==
+          "optimizer.lr = -1: expected a value > 0\n"
+          "scheduler.kind = 'consant': expected one of \"constant\", \"linear\", \"cosine\" (did you mean \"constant\"?)\n"
+          "train.clip_grad_norm = -0.5: expected a value >= 0");
+    // The same value in a recipe: the same words after the recipe's file:line.
+    const auto recipe = std::filesystem::temp_directory_path() / ("kiln-cxx-check-" + std::to_string(::getpid()) + ".toml");
+    std::ofstream(recipe) << "[recipe]\nname = \"x\"\n[model]\nkind = \"mlp\"\n[optimizer]\nkind = \"adamw\"\nlr = -1\n";
+    std::string recipe_message;
+    try {
+      kiln::optim::adamw::settings read;
+      kiln::load_recipe(recipe).read_axis("optimizer", read);
+    } catch (const kiln::config_error& e) {
+      recipe_message = e.what();
+    }
+    std::filesystem::remove(recipe);
+    CHECK_MESSAGE(recipe_message.find(": optimizer.lr = -1: expected a value > 0") != std::string::npos, recipe_message);
   }
 }

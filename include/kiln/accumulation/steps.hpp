@@ -44,7 +44,7 @@
 #include "kiln/concepts.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::accumulation {
 

@@ -14,7 +14,7 @@
 
 #include "kiln/checkpointing/detail/select.hpp"
 #include "kiln/concepts.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::checkpointing {
 

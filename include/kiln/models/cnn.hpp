@@ -13,7 +13,7 @@
 
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::models {
 
@@ -56,10 +56,8 @@ inline models::cnn_settings checked_cnn_settings(models::cnn_settings settings) 
                        " is too small for " + std::to_string(settings.channels.size()) +
                        " conv stages (each halves it)");
   }
-  if (errors.empty()) return settings;
-  std::string text = errors.front();
-  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
-  throw config_error(text);
+  throw_if_invalid(errors);
+  return settings;
 }
 
 }  // namespace kiln::detail

@@ -18,7 +18,7 @@
 #include "kiln/models/gelu.hpp"
 #include "kiln/models/layer_norm.hpp"
 #include "kiln/models/linear.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::models {
 
@@ -56,10 +56,8 @@ inline models::gpt_settings checked_gpt_settings(models::gpt_settings settings) 
   if (errors.empty() && settings.d_model % settings.n_head != 0)
     errors.push_back("model.n_head: d_model (" + std::to_string(settings.d_model) +
                      ") must be divisible by n_head (" + std::to_string(settings.n_head) + ")");
-  if (errors.empty()) return settings;
-  std::string text = errors.front();
-  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
-  throw config_error(text);
+  throw_if_invalid(errors);
+  return settings;
 }
 
 }  // namespace kiln::detail

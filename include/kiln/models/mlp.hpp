@@ -12,7 +12,7 @@
 
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::models {
 
@@ -34,28 +34,11 @@ struct mlp_settings {
   }
 };
 
-}  // namespace kiln::models
-
-namespace kiln::detail {
-
-// Settings built in C++ bypass the recipe reader, so the model re-runs the same checks and
-// fails with the same "model.key: expected ..." text instead of a shape error deep in LibTorch.
-inline models::mlp_settings checked_mlp_settings(models::mlp_settings settings) {
-  auto errors = kiln::validate(settings, "model");
-  if (errors.empty()) return settings;
-  std::string text = errors.front();
-  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
-  throw config_error(text);
-}
-
-}  // namespace kiln::detail
-
-namespace kiln::models {
 
 class mlp_impl : public torch::nn::Module {
  public:
   explicit mlp_impl(const mlp_settings& settings)
-      : settings_(detail::checked_mlp_settings(settings)) {
+      : settings_(kiln::checked(settings, "model")) {  // checked as a recipe's would be
     // One Sequential keeps parameter names flat and predictable ("layers.0.weight"),
     // which is what per-layer policies and saved states key on.
     std::int64_t width = settings_.in_features;

@@ -26,7 +26,7 @@
 
 #include "kiln/concepts.hpp"
 #include "kiln/optim/detail/fused_optimizer.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 

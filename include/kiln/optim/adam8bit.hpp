@@ -21,7 +21,7 @@
 #include "kiln/optim/detail/fused_loop.hpp"
 #include "kiln/optim/detail/fused_optimizer.hpp"
 #include "kiln/optim/detail/quantize.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 

@@ -20,7 +20,7 @@
 #include "kiln/optim/detail/adam_rule.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
 #include "kiln/optim/detail/fused_optimizer.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 

@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 
 #include "kiln/io/state.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln {
 

@@ -37,8 +37,8 @@
 #include "kiln/concepts.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/profiler/report_html.hpp"
-#include "kiln/recipe/fields.hpp"
-#include "kiln/recipe/kinds.hpp"
+#include "kiln/settings/fields.hpp"
+#include "kiln/profiler/collector_kinds.hpp"
 
 namespace kiln::profiler {
 

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/profiler/collector_kinds.hpp"
+
 namespace kiln {
 
 inline constexpr std::array<std::string_view, 6> axis_names = {"precision",  "accumulation", "checkpointing",
@@ -19,16 +21,6 @@ inline constexpr std::array<std::string_view, 6> axis_names = {"precision",  "ac
 
 inline constexpr std::size_t profiler_axis = axis_names.size() - 1;
 static_assert(axis_names[profiler_axis] == "profiler");
-
-// "ops+memory" -> each of "ops", "memory" (a profiler kind names one collector or several).
-template <class F>
-void for_each_collector_kind(std::string_view kind, F&& f) {
-  while (!kind.empty()) {
-    const auto plus = kind.find('+');
-    f(kind.substr(0, plus));
-    kind = plus == std::string_view::npos ? std::string_view{} : kind.substr(plus + 1);
-  }
-}
 
 // Whether every collector of `subset` is one of `kind`'s ("trace+phases" of "ops+trace+memory+phases").
 inline bool profiler_kinds_within(std::string_view subset, std::string_view kind) {

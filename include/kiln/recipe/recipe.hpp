@@ -2,7 +2,7 @@
 //
 // A recipe picks the model, the data, the training length and one policy per axis, each with
 // its settings. Every table is read strictly through the settings structs' describe() lists
-// (kiln/recipe/fields.hpp): an unknown table or key, a wrong type or a value out of range
+// (kiln/settings/fields.hpp): an unknown table or key, a wrong type or a value out of range
 // stops with the file, the line, the key and what was expected. `--set table.key=value`
 // overrides apply before reading, and errors about them name the override instead of a line.
 #pragma once
@@ -24,7 +24,7 @@
 #include "kiln/models/cnn.hpp"
 #include "kiln/models/gpt.hpp"
 #include "kiln/models/mlp.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 #include "kiln/recipe/kind_reader.hpp"
 #include "kiln/recipe/kinds.hpp"
 #include "kiln/recipe/toml_visitors.hpp"

@@ -19,8 +19,8 @@
 #include <toml++/toml.h>
 
 #include "kiln/errors.hpp"
-#include "kiln/recipe/fields.hpp"
-#include "kiln/recipe/spelling.hpp"
+#include "kiln/settings/fields.hpp"
+#include "kiln/settings/spelling.hpp"
 
 namespace kiln::detail {
 

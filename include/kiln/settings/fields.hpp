@@ -1,4 +1,4 @@
-// kiln/recipe/fields.hpp: how a settings struct describes itself.
+// kiln/settings/fields.hpp: how a settings struct describes itself.
 //
 // Every settings struct in kiln (a policy's, a model's, the data's) mirrors one TOML table
 // field for field. Instead of writing a parser and a printer for each, a settings struct
@@ -23,7 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/recipe/spelling.hpp"
+#include "kiln/errors.hpp"
+#include "kiln/settings/spelling.hpp"
 
 namespace kiln {
 
@@ -90,12 +91,29 @@ inline auto one_of(std::vector<std::string> allowed) {
 // Calls describe() on a settings struct and runs every check: settings built in C++
 // (without a recipe) are validated the same way as settings read from TOML.
 namespace detail {
+// A value as a recipe would spell it (and as toml++ prints it), for messages.
+inline std::string value_text(const std::string& v) { return "'" + v + "'"; }
+inline std::string value_text(bool v) { return v ? "true" : "false"; }
+inline std::string value_text(std::int64_t v) { return std::to_string(v); }
+inline std::string value_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+template <class T>
+std::string value_text(const std::vector<T>& values) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + value_text(values[i]);
+  return text + "]";
+}
+
 struct check_visitor {
   std::string table;
   std::vector<std::string> errors;
   template <class T, class Check>
   void field(std::string_view key, T& value, std::string_view /*help*/, Check&& check) {
-    if (auto error = check(value)) errors.push_back(table + "." + std::string(key) + ": " + *error);
+    if (auto error = check(value))
+      errors.push_back(table + "." + std::string(key) + " = " + value_text(value) + ": " + *error);
   }
   template <class T>
   void field(std::string_view key, T& value, std::string_view help) {
@@ -110,6 +128,23 @@ std::vector<std::string> validate(Settings& settings, std::string table = "setti
   detail::check_visitor visitor{std::move(table), {}};
   settings.describe(visitor);
   return visitor.errors;
+}
+
+// Throws a config_error with every violated check, one per line; does nothing when there are none.
+inline void throw_if_invalid(const std::vector<std::string>& errors) {
+  if (errors.empty()) return;
+  std::string text = errors.front();
+  for (std::size_t i = 1; i < errors.size(); ++i) text += "\n" + errors[i];
+  throw config_error(text);
+}
+
+// `settings` when every check of its describe() holds; a config_error naming each that fails
+// otherwise, worded as for a recipe ("optimizer.lr: expected > 0, got -1"). For settings built
+// in C++, which no recipe reader has seen.
+template <class Settings>
+Settings checked(Settings settings, std::string table) {
+  throw_if_invalid(validate(settings, std::move(table)));
+  return settings;
 }
 
 }  // namespace kiln

@@ -1,4 +1,4 @@
-// kiln/recipe/spelling.hpp: what an error message says about a name that was mistyped: the
+// kiln/settings/spelling.hpp: what an error message says about a name that was mistyped: the
 // names it could have been, quoted, and the closest of them.
 // This header does not depend on LibTorch or toml++.
 #pragma once

@@ -32,7 +32,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 #include "kiln/sharding/detail/replicated.hpp"
 
 namespace kiln::sharding {

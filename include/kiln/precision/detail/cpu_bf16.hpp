@@ -40,7 +40,7 @@
 
 #include "kiln/detail/compat.hpp"
 #include "kiln/precision/detail/convert_kernel.hpp"
-#include "kiln/recipe/fields.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::precision::detail {
 

@@ -1,0 +1,37 @@
+# The headers' one-way dependencies (README, "How we work"), checked on every test run:
+#   settings/ (description, validation, spelling help) at the bottom: only settings/ and errors.hpp;
+#   policies, models, data, accelerator and trainer: nothing from recipe/ or the application;
+#   recipe/: nothing from the application (cli.hpp, doctor.hpp, launch.hpp).
+# kiln.hpp, the one public include, and the application headers may include anything.
+# Run: cmake -DKILN_INCLUDE=<repo>/include/kiln -P tests/layering.cmake
+set(application cli.hpp doctor.hpp launch.hpp kiln.hpp)
+file(GLOB_RECURSE headers RELATIVE ${KILN_INCLUDE} ${KILN_INCLUDE}/*.hpp)
+set(broken "")
+foreach(header IN LISTS headers)
+  file(STRINGS ${KILN_INCLUDE}/${header} includes REGEX "^#include \"kiln/")
+  list(FIND application ${header} is_application)
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^#include \"kiln/([^\"]+)\".*" "\\1" target "${line}")
+    set(why "")
+    if(header MATCHES "^settings/")
+      if(NOT target MATCHES "^settings/" AND NOT target STREQUAL "errors.hpp")
+        set(why "settings/ is the bottom layer: it may include settings/ and errors.hpp only")
+      endif()
+    elseif(is_application EQUAL -1)
+      list(FIND application ${target} to_application)
+      if(NOT to_application EQUAL -1)
+        set(why "only the application includes the application")
+      elseif(target MATCHES "^recipe/" AND NOT header MATCHES "^recipe/")
+        set(why "recipes sit above policies, models, data, accelerator and trainer")
+      endif()
+    endif()
+    if(why)
+      string(APPEND broken "  include/kiln/${header} includes kiln/${target}: ${why}\n")
+    endif()
+  endforeach()
+endforeach()
+if(broken)
+  message(FATAL_ERROR "kiln: headers that include upwards:\n${broken}")
+endif()
+list(LENGTH headers count)
+message(STATUS "kiln: ${count} headers, every include points downwards")
