@@ -4,12 +4,25 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace kiln {
 
 enum class control { proceed, stop };
+
+// What a callback prints with: `info.print("...")` puts a line that stays through the trainer's
+// progress display, which clears its live step line first (a plain printf would land in the
+// middle of it), and only on the rank that shows results. Outside fit(), to stderr.
+struct line_printer {
+  std::function<void(const std::string&)> sink;
+  void operator()(const std::string& text) const {
+    if (sink) sink(text);
+    else std::fprintf(stderr, "%s\n", text.c_str());
+  }
+};
 
 struct step_info {
   std::int64_t step = 0;  // optimizer steps completed
@@ -20,6 +33,7 @@ struct step_info {
   double grad_norm = -1.0;  // -1 when not measured (no clipping)
   bool skipped = false;     // non-finite gradients: no update
   double steps_per_second = 0.0;
+  line_printer print;
 };
 
 struct eval_info {
@@ -27,6 +41,7 @@ struct eval_info {
   double loss = 0.0;
   double accuracy = 0.0;  // fraction in [0, 1]
   std::int64_t samples = 0;
+  line_printer print;  // set for the evaluations fit() hands to callbacks
 };
 
 struct fit_summary {

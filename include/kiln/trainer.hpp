@@ -2,7 +2,7 @@
 //
 //   using trainer_t = kiln::trainer<kiln::optim::adamw>;   // other axes take their defaults
 //   trainer_t trainer({.accelerator = {.optimizer = {.lr = 1e-3}}, .options = {.steps = 1000}});
-//   auto summary = trainer.fit(torch::nn::AnyModule(model), train_loader, &test_data);
+//   auto summary = trainer.fit(model, train_loader, &test_data);   // or torch::nn::AnyModule(model)
 //
 // fit() drives an accelerator of the same policies: micro-steps, optimizer steps, the
 // schedule, evaluation, the progress display, metrics.jsonl, periodic atomic saves and
@@ -175,8 +175,9 @@ class trainer {
 
   // Trains `model` on batches from `train` until options.steps optimizer steps are done (or a
   // callback stops it), evaluating on `eval` when given.
+  // `model` is a ModuleHolder or an AnyModule, also a temporary one.
   template <class Model, data::batch_source Loader>
-  fit_summary fit(Model& model, Loader& train, const data::tensor_pair* eval = nullptr) {
+  fit_summary fit(Model&& model, Loader& train, const data::tensor_pair* eval = nullptr) {
     if (options_.steps <= 0) throw config_error("trainer: options.steps must be > 0 (set [train] steps or epochs)");
     auto& acc = *acc_;
     auto& module = *model.ptr();
@@ -197,6 +198,7 @@ class trainer {
     metrics_log metrics = (!dir.empty() && main) ? metrics_log(dir / "metrics.jsonl") : metrics_log();
 
     progress_display progress(options_.progress && main, main);
+    const line_printer printer{[&progress](const std::string& text) { progress.print(text); }};
     progress.begin(step, options_.steps);
     for (auto& c : callbacks_) c->on_fit_begin(step, options_.steps);
 
@@ -292,6 +294,7 @@ class trainer {
       if constexpr (profiler_t::enabled) profiler.on_step_end(step);
 
       step_info info;
+      info.print = printer;
       info.step = step;
       info.total_steps = options_.steps;
       info.epoch = train.epoch();
@@ -327,7 +330,9 @@ class trainer {
                           .add("step", step)
                           .add("eval_loss", summary.final_eval.loss)
                           .add("eval_accuracy", summary.final_eval.accuracy));
-        for (auto& c : callbacks_) stop = (c->on_eval(summary.final_eval) == control::stop) || stop;
+        auto shown = summary.final_eval;  // a copy: the summary outlives the progress display
+        shown.print = printer;
+        for (auto& c : callbacks_) stop = (c->on_eval(shown) == control::stop) || stop;
       }
       if (!dir.empty() && main && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
         save(module, train);

@@ -6,6 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <cstdio>
+#include <fcntl.h>
+#include <iterator>
 #include <fstream>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -311,6 +314,38 @@ TEST_SUITE("trainer") {
 }
 
 TEST_SUITE("trainer") {
+  TEST_CASE("fit takes a temporary AnyModule, and callbacks print lines that stay through the progress display") {
+    setup s(3);
+    auto settings = settings_for({}, 30);
+    trainer_t t(settings);
+    t.add_callback(kiln::on_step_end([](const kiln::step_info& i) {
+      if (i.step == 3) i.print("callback line at step 3");
+      return kiln::control::proceed;
+    }));
+    t.add_callback(kiln::on_eval([](const kiln::eval_info& e) {
+      e.print("callback saw the evaluation at step " + std::to_string(e.step));
+      return kiln::control::proceed;
+    }));
+    // stderr into a file for the length of fit().
+    const auto file = fresh_dir("printed");
+    std::fflush(stderr);
+    const int saved = ::dup(2);
+    const int into = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(into, 2);
+    const auto summary = t.fit(torch::nn::AnyModule(s.model), s.loader, &s.eval);
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(into);
+    ::close(saved);
+    std::ifstream in(file);
+    const std::string printed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(file);
+    CHECK(summary.steps == 30);
+    CHECK_MESSAGE(printed.find("callback line at step 3\n") != std::string::npos, printed);
+    CHECK_MESSAGE(printed.find("callback saw the evaluation at step 25\n") != std::string::npos, printed);
+    CHECK_MESSAGE(printed.find("callback saw the evaluation at step 30\n") != std::string::npos, printed);
+  }
+
   TEST_CASE("an error inside a step is a kiln::step_error naming the step, the phase, the op and the module, without a backtrace") {
     setup s(4);
     wrong_matmul model;
