@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kiln {
 
@@ -36,12 +37,32 @@ struct step_info {
   line_printer print;
 };
 
+// A number an evaluation reports besides the loss (the loss kind's metrics, kiln/loss.hpp).
+struct metric_value {
+  std::string name;
+  double value = 0.0;
+  bool percent = false;  // a fraction shown as a percentage
+};
+
 struct eval_info {
   std::int64_t step = 0;
-  double loss = 0.0;
-  double accuracy = 0.0;  // fraction in [0, 1]
-  std::int64_t samples = 0;
+  double loss = 0.0;           // mean over the loss's items (scored targets, target values, ...)
+  double accuracy = 0.0;       // fraction in [0, 1], where the loss reports accuracy
+  std::int64_t samples = 0;    // the items the means are over
+  std::vector<metric_value> metrics;  // accuracy, perplexity, mae, ... as the loss kind defines them
   line_printer print;  // set for the evaluations fit() hands to callbacks
+
+  // ", accuracy 91.20%, perplexity 3.1" for an evaluation line.
+  std::string metrics_text() const {
+    std::string text;
+    for (const auto& m : metrics) {
+      char value[64];
+      if (m.percent) std::snprintf(value, sizeof value, "%.2f%%", 100.0 * m.value);
+      else std::snprintf(value, sizeof value, "%.4g", m.value);
+      text += ", " + m.name + " " + value;
+    }
+    return text;
+  }
 };
 
 struct fit_summary {

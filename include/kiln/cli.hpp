@@ -192,6 +192,14 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       std::printf("\npolicy combinations:\n");
       for (const auto& c : catalog)
         std::printf("  %s%s\n", combination_name(c.kinds).c_str(), c.recipes.empty() ? "   (for kiln profile, and recipes asking for fewer profilers)" : "");
+      std::printf("\nkinds a recipe can name (registered; a policy kind runs where its combination is compiled):\n");
+      auto kind_line = [](const std::string& table, const std::string& kind, const std::string& type) {
+        std::printf("  %-40s %s\n", ("[" + table + "] " + kind).c_str(), type.c_str());
+      };
+      for (const auto& k : registered_policies()) kind_line(k.axis, k.kind, k.type);
+      for (const auto& k : registered_models()) kind_line("model", k.kind, k.type);
+      for (const auto& k : registered_datasets()) kind_line("data", k.kind, k.type);
+      for (const auto& k : registered_losses()) kind_line("loss", k.kind, k.type);
       return 0;
     }
     if (args.command == "runs") return detail::list_runs(args.recipe.empty() ? "runs" : args.recipe);
@@ -210,8 +218,11 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       // unless the command line says otherwise.
       if (args.recipe.empty()) throw config_error("kiln profile: which recipe? e.g. kiln profile recipes/profiling.toml");
       auto r = load_recipe(args.recipe, args.overrides);
-      std::vector<std::string> overrides = {"profiler.kind=[\"ops\", \"trace\", \"memory\", \"phases\"]",
-                                            "run.resume=never"};
+      std::string every_collector;
+      for_each_collector_kind(profile_all_kind(), [&](std::string_view kind) {
+        every_collector += (every_collector.empty() ? "\"" : ", \"") + std::string(kind) + "\"";
+      });
+      std::vector<std::string> overrides = {"profiler.kind=[" + every_collector + "]", "run.resume=never"};
       const auto* profiler_table = r.document["profiler"].as_table();
       std::int64_t cycle = 0;
       for (auto [key, fallback] : {std::pair{"wait", 1}, {"warmup", 2}, {"active", 5}}) {
@@ -257,7 +268,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       if (const char* rank = std::getenv("RANK"); rank && std::string_view(rank) != "0") return 0;  // rank 0 reports
       std::printf("%s: %lld steps in %.1f s", r.info.name.c_str(), (long long)summary.steps, summary.seconds);
       if (summary.evaluated)
-        std::printf(", eval loss %.4f, accuracy %.2f%%", summary.final_eval.loss, 100.0 * summary.final_eval.accuracy);
+        std::printf(", eval loss %.4f%s", summary.final_eval.loss, summary.final_eval.metrics_text().c_str());
       std::printf("%s; run directory %s\n", summary.stopped_early ? " (stopped early)" : "", r.run_dir().c_str());
       return 0;
     }

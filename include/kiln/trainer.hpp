@@ -29,6 +29,7 @@
 #include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
+#include "kiln/loss.hpp"
 #include "kiln/models/cross_entropy.hpp"
 #include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
@@ -49,6 +50,7 @@ struct trainer_options {
   // cores nothing else runs on, re-checked every few steps; N = N.
   std::optional<int> threads;
   diagnostics_settings diagnostics;  // gradient health, non-finite detection, anomaly mode
+  loss_function loss = losses::cross_entropy{};  // what is minimised and evaluated (kiln/loss.hpp)
   std::string recipe_text;         // written to run_dir/recipe.toml
   std::string fingerprint;         // what must match for a resume (model, data, policies)
 };
@@ -62,19 +64,17 @@ torch::Tensor forward(Model& model, const torch::Tensor& inputs) {
   else return model->forward(inputs);
 }
 
-// Mean cross-entropy over the targets other than ignore_index (LibTorch's default, -100), in
-// fp32 whatever the logits' dtype, keeping for backward only the logits and a number per row
-// (models/cross_entropy.hpp).
-inline constexpr std::int64_t ignore_index = -100;
+// Mean cross-entropy over the targets other than ignore_index (kiln::losses::cross_entropy).
 inline torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return models::cross_entropy(logits, targets, ignore_index);
 }
 
-// How many of the accumulation policy's units classification_loss() averaged over.
-inline double loss_items(loss_unit unit, const torch::Tensor& targets) {
+// How many of the accumulation policy's units the loss averaged over: a micro-batch is one,
+// a sample one row of the targets, a token one of the loss's own items (a scored target).
+inline double loss_items(loss_unit unit, const torch::Tensor& targets, const loss_function& loss = losses::cross_entropy{}) {
   switch (unit) {
     case loss_unit::sample: return static_cast<double>(targets.size(0));
-    case loss_unit::token: return targets.ne(ignore_index).sum().item<double>();
+    case loss_unit::token: return loss.items(targets);
     case loss_unit::micro_batch: break;
   }
   return 1.0;
@@ -247,7 +247,7 @@ class trainer {
         torch::Tensor inputs, targets;
         auto forward_loss = [&] {
           auto cast = acc.autocast();
-          return detail::classification_loss(detail::forward(model, inputs), targets);
+          return options_.loss(detail::forward(model, inputs), targets);
         };
         // Where in the model a forward failed, found by running it again under observation.
         auto failed_at = [&]() -> std::optional<failure_site> {
@@ -268,7 +268,7 @@ class trainer {
           }
           if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
           doing = "backward";
-          const double items = detail::loss_items(unit, targets);
+          const double items = detail::loss_items(unit, targets, options_.loss);
           acc.backward(loss, items);
           if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
           // Summed on the device, read once per step: no extra op without accumulation.
@@ -326,10 +326,10 @@ class trainer {
         summary.final_eval.step = step;
         summary.evaluated = true;
         progress.print(eval_line(summary.final_eval));
-        metrics.write(json_line()
-                          .add("step", step)
-                          .add("eval_loss", summary.final_eval.loss)
-                          .add("eval_accuracy", summary.final_eval.accuracy));
+        json_line line;
+        line.add("step", step).add("eval_loss", summary.final_eval.loss);
+        for (const auto& m : summary.final_eval.metrics) line.add("eval_" + m.name, m.value);
+        metrics.write(line);
         auto shown = summary.final_eval;  // a copy: the summary outlives the progress display
         shown.print = printer;
         for (auto& c : callbacks_) stop = (c->on_eval(shown) == control::stop) || stop;
@@ -354,51 +354,57 @@ class trainer {
     return summary;
   }
 
-  // Mean loss and accuracy over `data`, without gradients, in eval mode. With several ranks each
-  // evaluates its own contiguous share of `data` and the totals are summed over ranks.
+  // The mean loss over `data` and the loss's metrics (accuracy, perplexity, ...), without
+  // gradients, in eval mode. With several ranks each evaluates its own contiguous share of
+  // `data` and the totals are summed over ranks.
   template <class Model>
   eval_info evaluate(Model& model, const data::tensor_pair& data) {
     auto& module = *model.ptr();
     const bool was_training = module.is_training();
     module.eval();
     torch::NoGradGuard no_grad;
-    // Loss sum, correct, scored targets.
-    torch::Tensor totals = torch::zeros({3}, torch::dtype(torch::kFloat64).device(acc_->device()));
+    const auto& loss = options_.loss;
+    const auto& metrics = loss.metrics();
+    // Loss sum, items, then each metric's sum.
+    torch::Tensor totals = torch::zeros({2 + static_cast<std::int64_t>(metrics.size())},
+                                        torch::dtype(torch::kFloat64).device(acc_->device()));
     const auto all = data.inputs.size(0), world = acc_->world_size(), rank = acc_->rank();
     const auto first = all * rank / world, n = all * (rank + 1) / world;
     for (std::int64_t begin = first; begin < n; begin += options_.eval_batch_size) {
       const auto end = std::min(begin + options_.eval_batch_size, n);
       auto inputs = acc_->place(data.inputs.slice(0, begin, end));
-      auto targets = acc_->place(data.targets.slice(0, begin, end).reshape({-1}));
-      torch::Tensor logits;
+      auto targets = acc_->place(data.targets.slice(0, begin, end));
+      torch::Tensor outputs;
       {
         auto cast = acc_->autocast();
-        logits = detail::forward(model, inputs);
+        outputs = detail::forward(model, inputs);
       }
-      logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
-      totals[0] += torch::nn::functional::cross_entropy(
-                       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                       .to(torch::kFloat64);
-      // Padding targets (ignore_index) are neither scored by the loss nor counted.
-      const auto scored = targets.ne(detail::ignore_index);
-      totals[1] += logits.argmax(-1).eq(targets).logical_and(scored).sum().to(torch::kFloat64);
-      totals[2] += scored.sum().to(torch::kFloat64);
+      outputs = outputs.to(torch::kFloat32);
+      const double items = loss.items(targets);
+      totals[0] += loss(outputs, targets).to(torch::kFloat64) * items;
+      totals[1] += items;
+      for (std::size_t i = 0; i < metrics.size(); ++i)
+        if (metrics[i].sum) totals[2 + static_cast<std::int64_t>(i)] += metrics[i].sum(outputs, targets).to(torch::kFloat64);
     }
-    totals = acc_->sum_over_ranks(totals);
+    totals = acc_->sum_over_ranks(totals).cpu();
     if (was_training) module.train();
     eval_info info;
-    info.samples = static_cast<std::int64_t>(totals[2].item<double>());
-    info.loss = totals[0].item<double>() / std::max<double>(1.0, totals[2].item<double>());
-    info.accuracy = totals[1].item<double>() / std::max<double>(1.0, totals[2].item<double>());
+    const double items = totals[1].item<double>();
+    info.samples = static_cast<std::int64_t>(items);
+    info.loss = totals[0].item<double>() / std::max(1.0, items);
+    for (std::size_t i = 0; i < metrics.size(); ++i) {
+      const double mean = totals[2 + static_cast<std::int64_t>(i)].item<double>() / std::max(1.0, items);
+      info.metrics.push_back({metrics[i].name, metrics[i].value(mean, info.loss), metrics[i].percent});
+      if (metrics[i].name == "accuracy") info.accuracy = info.metrics.back().value;
+    }
     return info;
   }
 
  private:
   static std::string eval_line(const eval_info& e) {
-    char text[160];
-    std::snprintf(text, sizeof text, "eval @ step %lld: loss %.4f, accuracy %.2f%% (%lld samples)", (long long)e.step,
-                  e.loss, 100.0 * e.accuracy, (long long)e.samples);
-    return text;
+    char loss[64];
+    std::snprintf(loss, sizeof loss, "eval @ step %lld: loss %.4f", (long long)e.step, e.loss);
+    return std::string(loss) + e.metrics_text() + " (" + std::to_string(e.samples) + " items)";
   }
 
   // Per-module gradient norms and update ratios to <run dir>/gradients.jsonl; warnings shown.
@@ -482,7 +488,10 @@ class trainer {
     json_line line;
     line.add("steps", s.steps).add("seconds", s.seconds).add("final_train_loss", s.final_train_loss);
     if (s.threads > 0) line.add("threads", static_cast<std::int64_t>(s.threads)).add("thread_changes", s.thread_changes);
-    if (s.evaluated) line.add("eval_loss", s.final_eval.loss).add("eval_accuracy", s.final_eval.accuracy);
+    if (s.evaluated) {
+      line.add("eval_loss", s.final_eval.loss);
+      for (const auto& m : s.final_eval.metrics) line.add("eval_" + m.name, m.value);
+    }
     // What the sharding policy's collectives cost (rank 0's count; every rank issues the same).
     auto& sharding = acc_->sharding();
     line.add("world_size", acc_->world_size());

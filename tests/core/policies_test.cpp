@@ -42,9 +42,18 @@ TEST_SUITE("policies") {
     CHECK_FALSE(kiln::optimizer_policy<kiln::precision::fp32>);
   }
 
-  TEST_CASE("the kinds table names each policy's own kind") {
-    CHECK(kiln::find_policy_kind("optimizer", kiln::optim::adamw::kind) != nullptr);
+  TEST_CASE("the registry names each policy by its own kind and C++ type") {
+    const auto* adamw = kiln::find_policy_kind("optimizer", kiln::optim::adamw::kind);
+    REQUIRE(adamw != nullptr);
+    CHECK(adamw->type == "kiln::optim::adamw");
     CHECK(kiln::find_policy_kind("optimizer", kiln::optim::sgd::kind) != nullptr);
+    CHECK(kiln::find_policy_kind("precision", kiln::optim::sgd::kind) == nullptr);
+    CHECK(kiln::policy_type("profiler", "ops+memory") ==
+          "kiln::profiler::profile<kiln::profiler::ops_collector, kiln::profiler::memory_collector>");
+    CHECK(kiln::profile_all_kind() == "ops+trace+memory+phases");
+    // kiln's own kinds are listed in builtin_kinds.hpp's order
+    CHECK(kiln::kinds_on_axis("optimizer") == std::vector<std::string>{"sgd", "adamw", "adafactor", "adam8bit", "lion"});
+    CHECK(kiln::kind_names(kiln::registered_models()) == std::vector<std::string>{"mlp", "cnn", "gpt"});
     CHECK(kiln::default_kind("optimizer") == kiln::defaults::optimizer::kind);
     CHECK(kiln::default_kind("precision") == kiln::defaults::precision::kind);
     CHECK(kiln::default_kind("accumulation") == kiln::defaults::accumulation::kind);

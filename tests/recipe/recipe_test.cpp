@@ -287,7 +287,7 @@ TEST_CASE("--set overrides") {
     CHECK(s.lr == 3e-4);
     CHECK(r.data.batch_size == 16);
     CHECK(r.data.shuffle == false);
-    CHECK(r.model.mlp.hidden == std::vector<std::int64_t>{8, 4});
+    CHECK(r.model.as<kiln::models::mlp_settings>().hidden == std::vector<std::int64_t>{8, 4});
   }
   SUBCASE("bare strings need no quotes, quoted ones work too") {
     auto r = kiln::load_recipe(file, {"model.kind=cnn", "recipe.description=\"quoted\"", "run.dir=/tmp/some where"});
@@ -364,9 +364,11 @@ TEST_CASE("defaults fill what the recipe leaves out") {
   CHECK(r.info.name == "t");
   CHECK(r.info.description.empty());
   CHECK(r.model.kind == "mlp");
-  CHECK(r.model.mlp.in_features == 784);
-  CHECK(r.model.mlp.hidden == std::vector<std::int64_t>{256, 256});
-  CHECK(r.model.mlp.classes == 10);
+  const auto& mlp = r.model.as<kiln::models::mlp_settings>();
+  CHECK(mlp.in_features == 784);
+  CHECK(mlp.hidden == std::vector<std::int64_t>{256, 256});
+  CHECK(mlp.classes == 10);
+  CHECK_THROWS_AS(r.model.as<kiln::models::gpt_settings>(), kiln::config_error);
   CHECK(r.data.kind == "fashion-mnist");
   CHECK(r.data.batch_size == 64);
   CHECK(r.data.eval_batch_size == 1000);
@@ -400,8 +402,8 @@ TEST_CASE("the synthetic data kinds accept their own keys only") {
   temp_dir dir("data_kinds");
   auto ok = dir.write("ok.toml", head + "[data]\nkind = \"synthetic-classification\"\nfeatures = 8\nclasses = 3\n");
   auto r = kiln::load_recipe(ok);
-  CHECK(r.data.features == 8);
-  CHECK(r.data.classes == 3);
+  CHECK(r.data.as<kiln::data::synthetic_classification_settings>().features == 8);
+  CHECK(r.data.as<kiln::data::synthetic_classification_settings>().classes == 3);
   auto bad = dir.write("bad.toml", head + "[data]\nkind = \"synthetic-classification\"\nvocab_size = 8\n");
   CHECK_THROWS_WITH_AS(kiln::load_recipe(bad), doctest::Contains("bad.toml:5: unknown key data.vocab_size"),
                        kiln::config_error);
@@ -512,4 +514,28 @@ TEST_CASE("a resolved recipe with combined profilers reads back as the same comb
   CHECK(contains(text, "kind = [\"ops\", \"trace\", \"memory\", \"phases\"]"));
   auto again = kiln::load_recipe(dir.write("resolved.toml", text));
   CHECK(again.kinds == r.kinds);
+}
+
+TEST_CASE("[loss]: auto follows the data's targets, a kind is checked like any other, and the CLI trains regression") {
+  temp_dir dir("loss");
+  auto r = kiln::load_recipe(dir.write("auto.toml", head));
+  CHECK(r.loss.kind == "auto");
+  CHECK(r.loss.resolved_kind(kiln::data::targets::classes) == "cross-entropy");
+  CHECK(r.loss.resolved_kind(kiln::data::targets::tokens) == "next-token");
+  CHECK(r.loss.resolved_kind(kiln::data::targets::values) == "mse");
+  auto l1 = kiln::load_recipe(dir.write("l1.toml", head + "[loss]\nkind = \"l1\"\n"));
+  CHECK(l1.loss.resolved_kind(kiln::data::targets::values) == "l1");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(dir.write("typo.toml", head + "[loss]\nkind = \"mes\"\n")),
+                       doctest::Contains("typo.toml:4: loss.kind = 'mes': expected \"auto\" or one of"), kiln::config_error);
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(dir.write("typo2.toml", head + "[loss]\nkind = \"mes\"\n")),
+                       doctest::Contains("did you mean \"mse\""), kiln::config_error);
+
+  const auto run = kiln::test::kiln_cli("run '" + std::string(KILN_SOURCE_DIR) +
+                                        "/recipes/regression.toml' --no-progress --set train.steps=300 --set run.dir=" +
+                                        (dir.path / "run").string());
+  CAPTURE(run.output);
+  REQUIRE(run.status == 0);
+  CHECK(run.output.find("| loss mse |") != std::string::npos);
+  CHECK(run.output.find(", mae ") != std::string::npos);
+  CHECK(run.output.find(", rmse ") != std::string::npos);
 }

@@ -14,11 +14,14 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
+#include "kiln/data/source.hpp"
 #include "kiln/data/tensor_pair.hpp"
 #include "kiln/errors.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::data {
 
@@ -156,5 +159,20 @@ inline tensor_pair load_fashion_mnist(const std::filesystem::path& dir, split s)
   pair.targets = labels.bytes.to(torch::kLong);
   return pair;
 }
+
+// The [data] kind "fashion-mnist" of a recipe (kiln/recipe/components.hpp): the 60000
+// training images, evaluated on the 10000 test images.
+struct fashion_mnist_settings {
+  static constexpr std::string_view kind = "fashion-mnist";
+  std::string path = "/usr/share/datasets/fashion-mnist";
+
+  template <class V>
+  void describe(V& v) {
+    v.field("path", path, "folder with the *-ubyte.gz files", checks::not_empty);
+  }
+  loaded load(const data_request&) const {
+    return {load_fashion_mnist(path, split::train), load_fashion_mnist(path, split::test), 10, targets::classes};
+  }
+};
 
 }  // namespace kiln::data

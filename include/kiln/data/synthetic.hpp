@@ -14,10 +14,13 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kiln/data/source.hpp"
 #include "kiln/data/tensor_pair.hpp"
 #include "kiln/errors.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::detail {
 
@@ -69,6 +72,7 @@ inline void require_positive(const char* function, const char* name, std::int64_
 inline constexpr std::uint64_t classification_teacher_tag = 0x6b696c6e2d636c73ull;
 inline constexpr std::uint64_t markov_teacher_tag = 0x6b696c6e2d6d6b76ull;
 inline constexpr std::uint64_t padding_tag = 0x6b696c6e2d706164ull;
+inline constexpr std::uint64_t regression_teacher_tag = 0x6b696c6e2d726567ull;
 
 }  // namespace kiln::detail
 
@@ -200,4 +204,128 @@ inline tensor_pair make_token_sequences(std::int64_t n, std::int64_t seq_len, st
   return pair;
 }
 
+// inputs: float32 [n, features] ~ N(0, 1); targets: float32 [n, outputs] = tanh(x W1 + b1) W2
+// + noise N(0, noise^2), for a random teacher with 32 hidden units. The teacher's targets have
+// unit variance per output about, so a model's mean squared error reads against 1 (predicting
+// the mean) and noise^2 (the best any model can do).
+inline tensor_pair make_regression(std::int64_t n, std::int64_t features, std::int64_t outputs, double noise,
+                                   std::uint64_t seed) {
+  detail::require_positive("make_regression", "n", n);
+  detail::require_positive("make_regression", "features", features);
+  detail::require_positive("make_regression", "outputs", outputs);
+  constexpr std::int64_t hidden = 32;
+  detail::synthetic_rng teacher_rng(detail::regression_teacher_tag ^
+                                    detail::splitmix64(static_cast<std::uint64_t>(features)) ^
+                                    (static_cast<std::uint64_t>(outputs) << 32));
+  std::vector<double> w1(features * hidden), b1(hidden), w2(hidden * outputs);
+  for (auto& w : w1) w = teacher_rng.normal() / std::sqrt(static_cast<double>(features));
+  for (auto& b : b1) b = teacher_rng.normal() * 0.5;
+  // tanh of a unit-variance pre-activation has a variance of about 0.39: scale W2 for unit-variance targets.
+  for (auto& w : w2) w = teacher_rng.normal() / std::sqrt(0.39 * static_cast<double>(hidden));
+
+  detail::synthetic_rng rng(seed);
+  tensor_pair pair{torch::empty({n, features}, torch::kFloat32), torch::empty({n, outputs}, torch::kFloat32)};
+  auto x = pair.inputs.accessor<float, 2>();
+  auto y = pair.targets.accessor<float, 2>();
+  std::vector<double> h(hidden);
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t i = 0; i < features; ++i) x[r][i] = static_cast<float>(rng.normal());
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      double sum = b1[j];
+      for (std::int64_t i = 0; i < features; ++i) sum += static_cast<double>(x[r][i]) * w1[i * hidden + j];
+      h[j] = std::tanh(sum);
+    }
+    for (std::int64_t o = 0; o < outputs; ++o) {
+      double sum = 0;
+      for (std::int64_t j = 0; j < hidden; ++j) sum += h[j] * w2[j * outputs + o];
+      y[r][o] = static_cast<float>(sum + noise * rng.normal());
+    }
+  }
+  return pair;
+}
+
+// The [data] kind "synthetic-classification" of a recipe (kiln/recipe/components.hpp).
+struct synthetic_classification_settings {
+  static constexpr std::string_view kind = "synthetic-classification";
+  std::int64_t samples = 4096;
+  std::int64_t eval_samples = 1024;
+  std::int64_t features = 32;
+  std::int64_t classes = 4;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("samples", samples, "training samples to generate", checks::positive);
+    v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
+    v.field("features", features, "input features per sample", checks::positive);
+    v.field("classes", classes, "number of classes", checks::positive);
+  }
+  loaded load(const data_request& request) const {
+    // Train and evaluation samples come from one draw, so they share the teacher.
+    auto all = make_classification(samples + eval_samples, features, classes, request.seed);
+    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
+            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
+            classes,
+            targets::classes};
+  }
+};
+
+// The [data] kind "synthetic-tokens" of a recipe: next-token prediction on a Markov chain.
+struct synthetic_tokens_settings {
+  static constexpr std::string_view kind = "synthetic-tokens";
+  std::int64_t samples = 4096;
+  std::int64_t eval_samples = 1024;
+  std::int64_t seq_len = 64;
+  std::int64_t vocab_size = 64;
+  std::int64_t min_len = 0;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("samples", samples, "training samples to generate", checks::positive);
+    v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
+    v.field("seq_len", seq_len, "tokens per sequence", checks::positive);
+    v.field("vocab_size", vocab_size, "distinct tokens", checks::positive);
+    v.field("min_len", min_len,
+            "variable-length sequences: each is from min_len to seq_len tokens long, padded to seq_len with "
+            "targets the loss ignores (0: all seq_len long)",
+            checks::non_negative);
+  }
+  loaded load(const data_request& request) const {
+    if (min_len > seq_len)
+      throw config_error("data.min_len = " + std::to_string(min_len) + " is longer than data.seq_len = " +
+                         std::to_string(seq_len));
+    auto all = make_token_sequences(samples + eval_samples, seq_len, vocab_size, request.seed, min_len);
+    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
+            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
+            vocab_size,
+            targets::tokens};
+  }
+};
+
+
+// The [data] kind "synthetic-regression" of a recipe: float targets for the mse or l1 loss.
+struct synthetic_regression_settings {
+  static constexpr std::string_view kind = "synthetic-regression";
+  std::int64_t samples = 4096;
+  std::int64_t eval_samples = 1024;
+  std::int64_t features = 16;
+  std::int64_t outputs = 1;
+  double noise = 0.1;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("samples", samples, "training samples to generate", checks::positive);
+    v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
+    v.field("features", features, "input features per sample", checks::positive);
+    v.field("outputs", outputs, "target values per sample", checks::positive);
+    v.field("noise", noise, "standard deviation of the noise on each target (the best mse is noise^2)",
+            checks::non_negative);
+  }
+  loaded load(const data_request& request) const {
+    auto all = make_regression(samples + eval_samples, features, outputs, noise, request.seed);
+    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
+            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
+            outputs,
+            targets::values};
+  }
+};
 }  // namespace kiln::data

@@ -14,16 +14,20 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "kiln/data/source.hpp"
 #include "kiln/data/tensor_pair.hpp"
 #include "kiln/errors.hpp"
+#include "kiln/settings/fields.hpp"
 
 namespace kiln::data {
 
@@ -111,5 +115,27 @@ inline text_corpus load_text(const text_options& options) {
   corpus.eval = detail::pack_sequences(tokens.slice(0, train_tokens), options.seq_len);
   return corpus;
 }
+
+// The [data] kind "text" of a recipe (kiln/recipe/components.hpp): byte-level language modelling.
+struct text_settings {
+  static constexpr std::string_view kind = "text";
+  std::string path = default_text_path;
+  std::int64_t seq_len = 64;
+  double eval_fraction = 0.05;
+
+  template <class V>
+  void describe(V& v) {
+    v.field("path", path, "a text file, or a folder of them read recursively (byte tokens)", checks::not_empty);
+    v.field("seq_len", seq_len, "tokens per packed sequence", checks::positive);
+    v.field("eval_fraction", eval_fraction, "share of the token stream held out for evaluation (its tail)",
+            checks::in_range(0.001, 0.5));
+  }
+  loaded load(const data_request&) const {
+    auto corpus = load_text({.path = path, .seq_len = seq_len, .eval_fraction = eval_fraction});
+    std::fprintf(stderr, "kiln: text corpus %s: %zu files, %lld bytes\n", path.c_str(), corpus.files.size(),
+                 (long long)corpus.bytes);
+    return {std::move(corpus.train), std::move(corpus.eval), byte_vocabulary, targets::tokens};
+  }
+};
 
 }  // namespace kiln::data

@@ -9,15 +9,19 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kiln/data/source.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::models {
 
+// Also the [model] kind "cnn" of a recipe (kiln/recipe/components.hpp).
 struct cnn_settings {
+  static constexpr std::string_view kind = "cnn";
   std::int64_t in_channels = 1;
   std::int64_t image_size = 28;
   std::vector<std::int64_t> channels{32, 64};
@@ -38,6 +42,9 @@ struct cnn_settings {
     v.field("dropout", dropout, "dropout on the flattened features and on the hidden layer; 0 disables it",
             checks::in_range_open(0.0, 1.0));
   }
+
+  // The model for a recipe's data; throws config_error when it does not fit it.
+  torch::nn::AnyModule build(const data_info& data) const;
 };
 
 }  // namespace kiln::models
@@ -115,5 +122,17 @@ class cnn_impl : public torch::nn::Module {
 };
 
 TORCH_MODULE_IMPL(cnn, cnn_impl);
+
+inline torch::nn::AnyModule cnn_settings::build(const data_info& data) const {
+  const std::vector<std::int64_t> expected{in_channels, image_size, image_size};
+  if (data.tokens() || data.sample_shape != expected)
+    throw config_error("cnn needs images of shape [in_channels, image_size, image_size] = [" +
+                       std::to_string(in_channels) + ", " + std::to_string(image_size) + ", " + std::to_string(image_size) +
+                       "] but the data's samples are " + (data.tokens() ? "token sequences " : "") + data.shape_text());
+  if (classes != data.classes)
+    throw config_error("model.classes = " + std::to_string(classes) + " but the data has " + std::to_string(data.classes) +
+                       " classes; set model.classes = " + std::to_string(data.classes));
+  return torch::nn::AnyModule(cnn(*this));
+}
 
 }  // namespace kiln::models

@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "kiln/checkpointing/checkpoint.hpp"
+#include "kiln/data/source.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
 #include "kiln/models/gelu.hpp"
@@ -22,7 +24,9 @@
 
 namespace kiln::models {
 
+// Also the [model] kind "gpt" of a recipe (kiln/recipe/components.hpp).
 struct gpt_settings {
+  static constexpr std::string_view kind = "gpt";
   std::int64_t vocab_size = 256;
   std::int64_t seq_len = 128;
   std::int64_t d_model = 128;
@@ -45,6 +49,9 @@ struct gpt_settings {
     v.field("dropout", dropout, "dropout on embeddings, attention weights and residual branches",
             checks::in_range_open(0.0, 1.0));
   }
+
+  // The model for a recipe's data; throws config_error when it does not fit it.
+  torch::nn::AnyModule build(const data_info& data) const;
 };
 
 }  // namespace kiln::models
@@ -214,5 +221,20 @@ class gpt_impl : public torch::nn::Module {
   gpt_settings settings_;
 };
 TORCH_MODULE_IMPL(gpt, gpt_impl);
+
+inline torch::nn::AnyModule gpt_settings::build(const data_info& data) const {
+  if (!data.tokens())
+    throw config_error("gpt predicts the next token but the data's samples are not token sequences (shape " +
+                       data.shape_text() + ")");
+  if (vocab_size < data.classes)
+    throw config_error("model.vocab_size = " + std::to_string(vocab_size) + " but the data has " +
+                       std::to_string(data.classes) + " distinct tokens; set model.vocab_size = " +
+                       std::to_string(data.classes));
+  if (seq_len < data.sample_shape.at(0))
+    throw config_error("model.seq_len = " + std::to_string(seq_len) + " but the data's sequences are " +
+                       std::to_string(data.sample_shape.at(0)) + " tokens long; set model.seq_len = " +
+                       std::to_string(data.sample_shape.at(0)));
+  return torch::nn::AnyModule(gpt(*this));
+}
 
 }  // namespace kiln::models

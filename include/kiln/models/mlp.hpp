@@ -8,15 +8,19 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kiln/data/source.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/models/dropout.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::models {
 
+// Also the [model] kind "mlp" of a recipe (kiln/recipe/components.hpp).
 struct mlp_settings {
+  static constexpr std::string_view kind = "mlp";
   std::int64_t in_features = 784;
   std::vector<std::int64_t> hidden{256, 256};
   std::int64_t classes = 10;
@@ -28,10 +32,13 @@ struct mlp_settings {
             checks::positive);
     v.field("hidden", hidden, "width of each hidden layer; empty gives a linear model",
             checks::each_positive);
-    v.field("classes", classes, "number of output classes", checks::positive);
+    v.field("classes", classes, "outputs: classes, or target values for regression", checks::positive);
     v.field("dropout", dropout, "dropout after each hidden activation; 0 disables it",
             checks::in_range_open(0.0, 1.0));
   }
+
+  // The model for a recipe's data; throws config_error when it does not fit it.
+  torch::nn::AnyModule build(const data_info& data) const;
 };
 
 
@@ -76,5 +83,18 @@ class mlp_impl : public torch::nn::Module {
 };
 
 TORCH_MODULE_IMPL(mlp, mlp_impl);
+
+inline torch::nn::AnyModule mlp_settings::build(const data_info& data) const {
+  if (data.tokens()) throw config_error("mlp classifies feature vectors; token data needs kind = \"gpt\"");
+  if (in_features != data.features())
+    throw config_error("model.in_features = " + std::to_string(in_features) + " but the data has " +
+                       std::to_string(data.features()) + " features per sample (shape " + data.shape_text() +
+                       "); set model.in_features = " + std::to_string(data.features()));
+  if (classes != data.classes)
+    throw config_error("model.classes = " + std::to_string(classes) + " but the data has " + std::to_string(data.classes) +
+                       (data.targets == data::targets::values ? " target values per sample" : " classes") +
+                       "; set model.classes = " + std::to_string(data.classes));
+  return torch::nn::AnyModule(mlp(*this));
+}
 
 }  // namespace kiln::models

@@ -2,7 +2,7 @@
 //
 // Shared by the recipe reader and the catalog generator so that both agree on what a recipe
 // asks for. The profiler takes a list (kind = ["ops", "memory"]), named "ops+memory" in the
-// order of kiln/recipe/kinds.hpp whatever the order in the recipe.
+// registry's order (kiln/recipe/builtin_kinds.hpp) whatever the order in the recipe.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <toml++/toml.h>
 
 #include "kiln/errors.hpp"
-#include "kiln/recipe/kinds.hpp"
+#include "kiln/recipe/registry.hpp"
 #include "kiln/recipe/toml_visitors.hpp"
 
 namespace kiln::detail {
@@ -30,7 +30,7 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
         throw config_error(where + ": " + key + ": expected an array of strings, got " +
                            mismatch_text<std::vector<std::string>>(node));
       if (*name == "none") throw config_error(where + ": " + key + ": \"none\" cannot be combined with other profilers");
-      if (!find_policy_kind(axis, *name)) {
+      if (const auto* k = find_policy_kind(axis, *name); !k || !k->collector) {
         const auto listable = kinds_on_axis(axis, "none");  // what a list may hold
         throw config_error(where + ": " + key + ": \"" + *name + "\" is not a profiler" + did_you_mean(*name, listable) +
                            "; a list takes " + quoted_list(listable));
@@ -39,8 +39,8 @@ inline std::string read_policy_kind(const toml::node& node, const std::string& a
     }
     if (chosen.empty()) throw config_error(where + ": " + key + ": an empty list; use kind = \"none\" for no profiler");
     std::string canonical;
-    for (const auto& k : policy_kinds)
-      if (k.axis == axis && chosen.count(std::string(k.kind))) canonical += (canonical.empty() ? "" : "+") + std::string(k.kind);
+    for (const auto& k : registered_policies())
+      if (k.axis == axis && chosen.count(k.kind)) canonical += (canonical.empty() ? "" : "+") + k.kind;
     return canonical;
   }
   auto value = node.value<std::string>();

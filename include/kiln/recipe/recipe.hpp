@@ -9,6 +9,7 @@
 
 #include <array>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <map>
 #include <set>
@@ -21,12 +22,11 @@
 #include "kiln/device.hpp"
 #include "kiln/diagnostics.hpp"
 #include "kiln/errors.hpp"
-#include "kiln/models/cnn.hpp"
-#include "kiln/models/gpt.hpp"
-#include "kiln/models/mlp.hpp"
-#include "kiln/settings/fields.hpp"
+#include "kiln/recipe/builtin_kinds.hpp"
 #include "kiln/recipe/kind_reader.hpp"
-#include "kiln/recipe/kinds.hpp"
+#include "kiln/recipe/registry.hpp"
+#include "kiln/settings/any_settings.hpp"
+#include "kiln/settings/fields.hpp"
 #include "kiln/recipe/toml_visitors.hpp"
 #include "kiln/schedule.hpp"
 
@@ -44,55 +44,65 @@ struct recipe_info {
   }
 };
 
+namespace detail {
+
+// The check of a [model] or [data] kind: one of the registered ones (kiln/recipe/registry.hpp).
+template <class Entry>
+auto registered_kind(const std::vector<Entry>& (*entries)()) {
+  return [entries](const std::string& kind) -> std::optional<std::string> {
+    if (find_kind(entries(), kind)) return std::nullopt;
+    const auto names = kind_names(entries());
+    return "expected one of " + quoted_list(names) + did_you_mean(kind, names);
+  };
+}
+
+// Makes `own` hold the settings of `kind` (its defaults) unless it already does.
+template <class Entry>
+void hold_settings_of(any_settings& own, const std::string& kind, const std::vector<Entry>& entries) {
+  if (own.kind() == kind) return;
+  const auto* entry = find_kind(entries, kind);
+  own = entry ? entry->make_settings() : any_settings{};
+}
+
+}  // namespace detail
+
+// [model]: its kind, then the keys of that kind's settings struct (kiln/recipe/components.hpp).
 struct model_settings {
-  std::string kind = "mlp";
-  models::mlp_settings mlp;
-  models::cnn_settings cnn;
-  models::gpt_settings gpt;
+  std::string kind = std::string(models::mlp_settings::kind);
+  any_settings own;  // the settings of `kind`
+
   template <class V>
   void describe(V& v) {
-    v.field("kind", kind, "mlp, cnn or gpt", checks::one_of({"mlp", "cnn", "gpt"}));
-    // The remaining keys are the chosen model's own.
-    if (kind == "mlp") mlp.describe(v);
-    if (kind == "cnn") cnn.describe(v);
-    if (kind == "gpt") gpt.describe(v);
+    v.field("kind", kind, "the model; `kiln list` shows the kinds", detail::registered_kind(&registered_models));
+    detail::hold_settings_of(own, kind, registered_models());
+    own.describe(v);  // the remaining keys are the chosen model's own
+  }
+  // The chosen kind's settings, e.g. as<kiln::models::mlp_settings>(); throws if it is another kind.
+  template <class Settings>
+  const Settings& as() const {
+    return own.get<Settings>();
   }
 };
 
+// [data]: its kind and that kind's own keys, then how batches are made from it.
 struct data_settings {
-  std::string kind = "fashion-mnist";
-  std::string path;  // empty: the kind's default
-  double eval_fraction = 0.05;
+  std::string kind = std::string(data::fashion_mnist_settings::kind);
+  any_settings own;  // the settings of `kind`
   std::int64_t batch_size = 64;
   std::int64_t eval_batch_size = 1000;
   bool shuffle = true;
   double delay_ms = 0;
   std::int64_t workers = 0;
   std::int64_t prefetch = 2;
-  // augmentation of training images (fashion-mnist)
+  // augmentation of training images (samples shaped [channels, height, width])
   std::int64_t crop_padding = 0;
   double flip = 0.0;
-  // synthetic data sets
-  std::int64_t samples = 4096;
-  std::int64_t eval_samples = 1024;
-  std::int64_t features = 32;
-  std::int64_t classes = 4;
-  std::int64_t seq_len = 64;
-  std::int64_t vocab_size = 64;
-  std::int64_t min_len = 0;  // synthetic-tokens: 0 = every sequence seq_len long
 
   template <class V>
   void describe(V& v) {
-    v.field("kind", kind, "fashion-mnist, text, synthetic-classification or synthetic-tokens",
-            checks::one_of({"fashion-mnist", "text", "synthetic-classification", "synthetic-tokens"}));
-    if (kind == "fashion-mnist") {
-      if (path.empty()) path = "/usr/share/datasets/fashion-mnist";
-      v.field("path", path, "folder with the *-ubyte.gz files", checks::not_empty);
-    }
-    if (kind == "text") {
-      if (path.empty()) path = "/usr/share/games/fortunes";
-      v.field("path", path, "a text file, or a folder of them read recursively (byte tokens)", checks::not_empty);
-    }
+    v.field("kind", kind, "the dataset; `kiln list` shows the kinds", detail::registered_kind(&registered_datasets));
+    detail::hold_settings_of(own, kind, registered_datasets());
+    own.describe(v);
     v.field("batch_size", batch_size, "samples per micro-batch", checks::positive);
     v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch", checks::positive);
     v.field("shuffle", shuffle, "reshuffle the training set every epoch");
@@ -102,33 +112,47 @@ struct data_settings {
             checks::non_negative);
     v.field("prefetch", prefetch, "batches made ahead of the one being trained on (at least workers)",
             checks::positive);
-    if (kind == "fashion-mnist") {
-      v.field("crop_padding", crop_padding,
-              "augmentation: shift each training image by up to this many pixels (zero padding; 0: off)",
-              checks::non_negative);
-      v.field("flip", flip, "augmentation: probability of mirroring each training image left to right",
-              checks::in_range(0.0, 1.0));
-      return;
+    v.field("crop_padding", crop_padding,
+            "augmentation of images: shift each training image by up to this many pixels (zero padding; 0: off)",
+            checks::non_negative);
+    v.field("flip", flip, "augmentation of images: probability of mirroring each training image left to right",
+            checks::in_range(0.0, 1.0));
+  }
+  // The chosen kind's settings, e.g. as<kiln::data::text_settings>(); throws if it is another kind.
+  template <class Settings>
+  const Settings& as() const {
+    return own.get<Settings>();
+  }
+};
+
+// [loss]: what training minimises and evaluation reports (kiln/loss.hpp). "auto" follows the
+// data's targets: cross-entropy for classes, next-token for token sequences, mse for values.
+struct loss_settings {
+  static constexpr std::string_view automatic = "auto";
+  std::string kind = std::string(automatic);
+  any_settings own;  // the settings of `kind` (none for auto)
+
+  template <class V>
+  void describe(V& v) {
+    v.field("kind", kind, "the loss: auto (from the data's targets) or one of `kiln list`'s",
+            [](const std::string& k) -> std::optional<std::string> {
+              if (k == automatic || find_kind(registered_losses(), k)) return std::nullopt;
+              auto names = kind_names(registered_losses());
+              return "expected \"auto\" or one of " + detail::quoted_list(names) + detail::did_you_mean(k, names);
+            });
+    if (kind == automatic) own = {};
+    else detail::hold_settings_of(own, kind, registered_losses());
+    own.describe(v);
+  }
+  // The loss kind for data whose targets are `targets`, where kind is auto.
+  std::string resolved_kind(data::targets targets) const {
+    if (kind != automatic) return kind;
+    switch (targets) {
+      case data::targets::tokens: return std::string(losses::next_token::kind);
+      case data::targets::values: return std::string(losses::mse::kind);
+      case data::targets::classes: break;
     }
-    if (kind == "text") {
-      v.field("seq_len", seq_len, "tokens per packed sequence", checks::positive);
-      v.field("eval_fraction", eval_fraction, "share of the token stream held out for evaluation (its tail)",
-              checks::in_range(0.001, 0.5));
-      return;
-    }
-    v.field("samples", samples, "training samples to generate", checks::positive);
-    v.field("eval_samples", eval_samples, "evaluation samples to generate", checks::positive);
-    if (kind == "synthetic-classification") {
-      v.field("features", features, "input features per sample", checks::positive);
-      v.field("classes", classes, "number of classes", checks::positive);
-    } else {
-      v.field("seq_len", seq_len, "tokens per sequence", checks::positive);
-      v.field("vocab_size", vocab_size, "distinct tokens", checks::positive);
-      v.field("min_len", min_len,
-              "variable-length sequences: each is from min_len to seq_len tokens long, padded to seq_len with "
-              "targets the loss ignores (0: all seq_len long)",
-              checks::non_negative);
-    }
+    return std::string(losses::cross_entropy::kind);
   }
 };
 
@@ -179,6 +203,7 @@ struct recipe {
   recipe_info info;
   model_settings model;
   data_settings data;
+  loss_settings loss;
   train_settings train;
   schedule_settings scheduler;
   run_settings run;
@@ -216,6 +241,7 @@ struct recipe {
     section("recipe", info);
     section("model", model);
     section("data", data);
+    section("loss", loss);
     section("train", train);
     section("scheduler", scheduler);
     section("run", run);
@@ -228,7 +254,7 @@ struct recipe {
 namespace detail {
 
 inline const std::set<std::string>& known_tables() {
-  static const std::set<std::string> tables = {"recipe",        "model",     "data",      "train",
+  static const std::set<std::string> tables = {"recipe",        "model",     "data",      "loss",      "train",
                                                "scheduler",     "run",       "diagnostics", "precision",
                                                "accumulation",  "checkpointing", "sharding", "optimizer",
                                                "profiler"};
@@ -305,6 +331,7 @@ inline recipe load_recipe(const std::filesystem::path& file, const std::vector<s
   detail::read_table(r, "recipe", r.info);
   detail::read_table(r, "model", r.model);
   detail::read_table(r, "data", r.data);
+  detail::read_table(r, "loss", r.loss);
   detail::read_table(r, "train", r.train);
   detail::read_table(r, "scheduler", r.scheduler);
   detail::read_table(r, "run", r.run);

@@ -16,14 +16,8 @@
 #ifdef USE_DISTRIBUTED
 #include "kiln/detail/process_group.hpp"
 #endif
-#include "kiln/data/fashion_mnist.hpp"
 #include "kiln/data/loader.hpp"
-#include "kiln/data/synthetic.hpp"
-#include "kiln/data/text.hpp"
 #include "kiln/errors.hpp"
-#include "kiln/models/cnn.hpp"
-#include "kiln/models/gpt.hpp"
-#include "kiln/models/mlp.hpp"
 #include "kiln/recipe/recipe.hpp"
 #include "kiln/trainer.hpp"
 
@@ -35,82 +29,51 @@ struct run_request {
 
 namespace detail {
 
+// The [data] kind's sets, and what the model learns of them.
 struct dataset_pair {
   data::tensor_pair train, eval;
-  std::int64_t features = 0;  // per sample, flattened (classification)
-  std::int64_t classes = 0;   // classes, or vocabulary size for token data
-  std::int64_t seq_len = 0;   // token data only
+  data_info info;
 };
-
-inline dataset_pair load_data_by_kind(const recipe& r) {
-  const auto& d = r.data;
-  const auto seed = static_cast<std::uint64_t>(r.train.seed);
-  if (d.kind == "fashion-mnist") {
-    return {data::load_fashion_mnist(d.path, data::split::train), data::load_fashion_mnist(d.path, data::split::test),
-            28 * 28, 10, 0};
-  }
-  if (d.kind == "synthetic-classification") {
-    // Train and evaluation samples come from one draw, so they share the teacher.
-    auto all = data::make_classification(d.samples + d.eval_samples, d.features, d.classes, seed);
-    return {{all.inputs.slice(0, 0, d.samples), all.targets.slice(0, 0, d.samples)},
-            {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
-            d.features, d.classes, 0};
-  }
-  if (d.kind == "text") {
-    auto corpus = data::load_text({.path = d.path, .seq_len = d.seq_len, .eval_fraction = d.eval_fraction});
-    std::fprintf(stderr, "kiln: text corpus %s: %zu files, %lld bytes\n", d.path.c_str(), corpus.files.size(),
-                 (long long)corpus.bytes);
-    return {std::move(corpus.train), std::move(corpus.eval), 0, data::byte_vocabulary, d.seq_len};
-  }
-  if (d.min_len > d.seq_len)
-    throw config_error(r.file.string() + ": data.min_len = " + std::to_string(d.min_len) + " is longer than data.seq_len = " +
-                       std::to_string(d.seq_len));
-  auto all = data::make_token_sequences(d.samples + d.eval_samples, d.seq_len, d.vocab_size, seed, d.min_len);
-  return {{all.inputs.slice(0, 0, d.samples), all.targets.slice(0, 0, d.samples)},
-          {all.inputs.slice(0, d.samples), all.targets.slice(0, d.samples)},
-          0, d.vocab_size, d.seq_len};
-}
 
 // A dataset error names the file it could not read; this adds which line of the recipe (or which
 // --set) pointed there, so that a typo in data.path is found where it was made.
 inline dataset_pair load_data(const recipe& r) {
+  const auto* entry = find_kind(registered_datasets(), r.data.kind);
+  if (!entry) throw config_error(r.file.string() + ": [data] kind = \"" + r.data.kind + "\" is not registered");
+  const toml::node* path = r.document.at_path("data.path").node();
+  const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();
+  std::string what = "[data] kind = \"" + r.data.kind + "\"";
+  if (const auto value = path ? path->value<std::string>() : std::nullopt) what += ", path = \"" + *value + "\"";
   try {
-    return load_data_by_kind(r);
+    data::loaded loaded = entry->load(r.data.own, data_request{static_cast<std::uint64_t>(r.train.seed)});
+    auto info = data_info::of(r.data.kind, loaded);
+    return {std::move(loaded.train), std::move(loaded.eval), std::move(info)};
   } catch (const data_error& e) {
-    const toml::node* path = r.document.at_path("data.path").node();
-    const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();
-    throw data_error(where + ": [data] kind = \"" + r.data.kind + "\", path = \"" + r.data.path + "\": " + e.what());
+    throw data_error(where + ": " + what + ": " + e.what());
+  } catch (const config_error& e) {
+    throw config_error(where + ": " + what + ": " + e.what());
   }
 }
 
-[[noreturn]] inline void mismatch(const recipe& r, const std::string& key, std::int64_t model_value,
-                                  const std::string& data_text, std::int64_t data_value) {
-  throw config_error(r.file.string() + ": model." + key + " = " + std::to_string(model_value) + " but [data] kind = \"" +
-                     r.data.kind + "\" gives " + data_text + " " + std::to_string(data_value) + "; set model." + key +
-                     " = " + std::to_string(data_value));
+// The loss the recipe names, or for kind = "auto" the one the data's targets call for.
+inline loss_function make_loss(const recipe& r, const dataset_pair& data) {
+  const auto kind = r.loss.resolved_kind(data.info.targets);
+  const auto* entry = find_kind(registered_losses(), kind);
+  if (!entry) throw config_error(r.file.string() + ": [loss] kind = \"" + kind + "\" is not registered");
+  if (r.loss.kind == loss_settings::automatic) return entry->make(entry->make_settings());
+  return entry->make(r.loss.own);
 }
 
-// Builds the model the recipe names, checking that it fits the data.
+// Builds the model the recipe names; the model kind checks that it fits the data.
 inline torch::nn::AnyModule make_model(const recipe& r, const dataset_pair& data) {
-  const auto& m = r.model;
-  const bool tokens = r.data.kind == "synthetic-tokens" || r.data.kind == "text";
-  if (tokens != (m.kind == "gpt"))
-    throw config_error(r.file.string() + ": model.kind = \"" + m.kind + "\" cannot train on [data] kind = \"" +
-                       r.data.kind + "\" (token data needs gpt; gpt needs token data)");
-  if (m.kind == "mlp") {
-    if (m.mlp.in_features != data.features) mismatch(r, "in_features", m.mlp.in_features, "features", data.features);
-    if (m.mlp.classes != data.classes) mismatch(r, "classes", m.mlp.classes, "classes", data.classes);
-    return torch::nn::AnyModule(models::mlp(m.mlp));
+  const auto* entry = find_kind(registered_models(), r.model.kind);
+  if (!entry) throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" is not registered");
+  try {
+    return entry->build(r.model.own, data.info);
+  } catch (const config_error& e) {
+    throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" on [data] kind = \"" + r.data.kind +
+                       "\": " + e.what());
   }
-  if (m.kind == "cnn") {
-    if (r.data.kind != "fashion-mnist")
-      throw config_error(r.file.string() + ": model.kind = \"cnn\" needs image data ([data] kind = \"fashion-mnist\")");
-    if (m.cnn.classes != data.classes) mismatch(r, "classes", m.cnn.classes, "classes", data.classes);
-    return torch::nn::AnyModule(models::cnn(m.cnn));
-  }
-  if (m.gpt.vocab_size < data.classes) mismatch(r, "vocab_size", m.gpt.vocab_size, "vocab_size", data.classes);
-  if (m.gpt.seq_len < data.seq_len) mismatch(r, "seq_len", m.gpt.seq_len, "seq_len", data.seq_len);
-  return torch::nn::AnyModule(models::gpt(m.gpt));
 }
 
 template <class Settings>
@@ -175,6 +138,9 @@ std::pair<std::string, std::string> resolve_recipe(const recipe& r) {
   model.describe(writer);
   fingerprint << "[data]\n";
   data.describe(writer);
+  auto loss = r.loss;
+  fingerprint << "[loss]\n";
+  loss.describe(writer);
   fingerprint << axes.str();
   return {text, fingerprint.str()};
 }
@@ -224,13 +190,14 @@ fit_summary fit_recipe(const recipe& r, const run_request& request, typename Tra
   o.progress = request.progress;
   o.diagnostics = r.diagnostics;
   o.threads = static_cast<int>(r.train.threads);
+  o.loss = detail::make_loss(r, data);
   std::tie(o.recipe_text, o.fingerprint) = resolve_recipe<Trainer>(r);
 
   std::int64_t parameters = 0;
   for (const auto& p : model.ptr()->parameters()) parameters += p.numel();
   std::fprintf(stderr,
-               "kiln: %s | %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %s | %s\n",
-               r.info.name.c_str(), r.combination().c_str(), (long long)parameters,
+               "kiln: %s | %s | loss %s | %lld parameters | %lld train / %lld eval samples | %lld steps | %s | %s\n",
+               r.info.name.c_str(), r.combination().c_str(), std::string(o.loss.kind()).c_str(), (long long)parameters,
                (long long)data.train.inputs.size(0), (long long)data.eval.inputs.size(0), (long long)o.steps,
                (r.train.threads > 0 ? std::to_string(r.train.threads) + " threads"
                                     : "threads: the free ones of " + std::to_string(resolve_threads(0)) + " cores")
@@ -270,6 +237,9 @@ fit_summary run_recipe(const recipe& r, const run_request& request = {}) {
                                             .world = place.world,
                                             .pin_memory = device.is_cuda()};
   if (r.data.crop_padding > 0 || r.data.flip > 0) {
+    if (data.info.tokens() || data.info.sample_shape.size() != 3)
+      throw config_error(r.file.string() + ": data.crop_padding and data.flip augment images ([channels, height, width]) but [data] kind = \"" +
+                         r.data.kind + "\" gives samples shaped " + data.info.shape_text());
     data::loader loader(data::in_memory(data.train), loader_options,
                         data::compose(data::random_crop{r.data.crop_padding}, data::horizontal_flip{r.data.flip}));
     return detail::fit_recipe<Trainer>(r, request, std::move(settings), model, loader, data);
