@@ -20,9 +20,11 @@
 namespace consumer {
 
 // RMSprop (Tieleman & Hinton 2012), as torch.optim.RMSprop computes it without momentum:
-//   v = alpha v + (1 - alpha) g^2;  p -= lr g / (sqrt(v) + eps)
-// Started from kiln's default optimizer (kiln/optim/sgd.hpp), which lists the members.
-class rmsprop {
+//   d = g + wd p;  v = alpha v + (1 - alpha) d^2;  p -= lr d / (sqrt(v) + eps)
+// Copied from kiln's default optimizer (kiln/optim/sgd.hpp) and given RMSprop's rule: the
+// public base kiln::optim::fused_optimizer keeps the parameters and their state (saved and
+// resumed by parameter name) and runs the rule as one vectorised pass per parameter.
+class rmsprop : public kiln::optim::fused_optimizer<rmsprop> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "rmsprop";
@@ -31,59 +33,41 @@ class rmsprop {
     double lr = 1e-2;
     double alpha = 0.99;
     double eps = 1e-8;
+    double weight_decay = 0.0;
+    std::vector<std::string> no_decay;
     template <class V>
     void describe(V& v) {
       v.field("lr", lr, "learning rate (peak, before the schedule)", kiln::checks::positive);
       v.field("alpha", alpha, "decay of the running mean of squared gradients", kiln::checks::in_range_open(0.0, 1.0));
       v.field("eps", eps, "added to the root mean square", kiln::checks::positive);
+      v.field("weight_decay", weight_decay, "L2 penalty added to the gradient", kiln::checks::non_negative);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
-  explicit rmsprop(const settings& s) : settings_(s), lr_(s.lr) {}
+  explicit rmsprop(const settings& s) : fused_optimizer(s.lr, s.weight_decay, s.no_decay), settings_(s) {}
 
-  void attach(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
-    for (const auto& [name, p] : named) params_.push_back({name, p, torch::zeros_like(p)});
-  }
-  void step() {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, p, square_avg] : params_) {
-      if (!p.grad().defined()) continue;
-      const auto& g = p.grad();
-      square_avg.mul_(settings_.alpha).addcmul_(g, g, 1.0 - settings_.alpha);
-      p.addcdiv_(g, square_avg.sqrt().add_(settings_.eps), -lr_);
-    }
-  }
-  void zero_grad() {
-    for (auto& entry : params_)
-      if (entry.param.grad().defined()) entry.param.grad().zero_();
-  }
-  void set_lr(double lr) { lr_ = lr; }
   double base_lr() const { return settings_.lr; }
-  std::int64_t state_bytes() const {
-    std::int64_t bytes = 0;
-    for (const auto& entry : params_) bytes += entry.square_avg.numel() * entry.square_avg.element_size();
-    return bytes;
+
+  void init_state(kiln::optim::slot& s) const {
+    s.state = {{"square_avg", torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32))}};
   }
-  // A resumed run continues from the same running means.
-  void save_state(kiln::state_dict& state, const std::string& prefix) const {
-    for (const auto& entry : params_) state[prefix + entry.name + "/square_avg"] = entry.square_avg.clone();
-  }
-  void load_state(const kiln::state_dict& state, const std::string& prefix) {
-    for (auto& entry : params_) {
-      const auto key = prefix + entry.name + "/square_avg";
-      if (!state.count(key)) throw kiln::state_error("saved state has no entry \"" + key + "\"");
-      entry.square_avg.copy_(state.at(key));
-    }
+
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
+    const float alpha = static_cast<float>(settings_.alpha), rest = static_cast<float>(1.0 - settings_.alpha);
+    const float eps = static_cast<float>(settings_.eps), step = static_cast<float>(lr());
+    const float wd = static_cast<float>(s.weight_decay);
+    apply_rule(
+        [=](auto& p, const auto& g, auto& square_avg) {
+          const auto d = g + wd * p;
+          square_avg = square_avg * alpha + d * d * rest;
+          p = p - step * d / (kiln::optim::vsqrt(square_avg) + eps);
+        },
+        s, grad, s.field(0));
   }
 
  private:
-  struct entry {
-    std::string name;
-    torch::Tensor param, square_avg;
-  };
   settings settings_;
-  double lr_;
-  std::vector<entry> params_;
 };
 
 // A model of residual blocks, x + W2 relu(W1 x), between an input and an output projection.
@@ -104,7 +88,7 @@ struct residual_mlp_impl : torch::nn::Module {
   torch::nn::Linear input, output;
   std::vector<torch::nn::Linear> hidden;
 };
-TORCH_MODULE(residual_mlp);
+TORCH_MODULE_IMPL(residual_mlp, residual_mlp_impl);
 
 // [model] kind = "residual-mlp": its keys, and the model for the recipe's data.
 struct residual_mlp_settings {

@@ -25,12 +25,12 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
-#include "kiln/optim/detail/fused_optimizer.hpp"
+#include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 
-class adafactor : public detail::fused_optimizer<adafactor> {
+class adafactor : public kiln::optim::fused_optimizer<adafactor> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "adafactor";
@@ -58,7 +58,7 @@ class adafactor : public detail::fused_optimizer<adafactor> {
       v.field("eps2", eps2, "floor of RMS(parameter) in the relative step size", kiln::checks::positive);
       v.field("clip_threshold", clip_threshold, "update clipping: RMS(update) at most this (d)", kiln::checks::positive);
       v.field("weight_decay", weight_decay, "decoupled weight decay", kiln::checks::non_negative);
-      v.field("no_decay", no_decay, detail::no_decay_help);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
@@ -69,7 +69,7 @@ class adafactor : public detail::fused_optimizer<adafactor> {
 
   double base_lr() const { return settings_.lr; }
 
-  void init_state(detail::slot& s) const {
+  void init_state(kiln::optim::slot& s) const {
     const auto f32 = s.param.options().dtype(torch::kFloat32);
     s.state.clear();
     if (s.param.dim() >= 2) {
@@ -83,7 +83,7 @@ class adafactor : public detail::fused_optimizer<adafactor> {
     if (settings_.beta1 > 0) s.state.emplace_back("exp_avg", torch::zeros(s.param.sizes(), f32));
   }
 
-  void update(detail::slot& s, const torch::Tensor& grad_in) const {
+  void update(kiln::optim::slot& s, const torch::Tensor& grad_in) const {
     const double t = static_cast<double>(s.step);
     const double one_minus_beta2 = std::pow(t, settings_.beta2_decay);
     const double rho = std::min(lr(), 1.0 / std::sqrt(t));

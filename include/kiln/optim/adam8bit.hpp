@@ -19,13 +19,13 @@
 #include "kiln/concepts.hpp"
 #include "kiln/optim/detail/adam_rule.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
-#include "kiln/optim/detail/fused_optimizer.hpp"
+#include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/optim/detail/quantize.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 
-class adam8bit : public detail::fused_optimizer<adam8bit> {
+class adam8bit : public kiln::optim::fused_optimizer<adam8bit> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "adam8bit";
@@ -50,7 +50,7 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
       v.field("weight_decay", weight_decay, "decoupled weight decay", kiln::checks::non_negative);
       v.field("min_8bit_size", min_8bit_size, "tensors with fewer elements keep fp32 moments",
               kiln::checks::non_negative);
-      v.field("no_decay", no_decay, detail::no_decay_help);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
@@ -58,9 +58,9 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
 
   double base_lr() const { return settings_.lr; }
 
-  bool quantized(const detail::slot& s) const { return s.param.numel() >= settings_.min_8bit_size; }
+  bool quantized(const kiln::optim::slot& s) const { return s.param.numel() >= settings_.min_8bit_size; }
 
-  void init_state(detail::slot& s) const {
+  void init_state(kiln::optim::slot& s) const {
     const auto n = s.param.numel();
     if (!quantized(s)) {
       auto zeros = [&] { return torch::zeros(s.param.sizes(), torch::kFloat32); };
@@ -76,7 +76,7 @@ class adam8bit : public detail::fused_optimizer<adam8bit> {
                {"exp_avg_sq_absmax", torch::zeros({blocks}, torch::kFloat32)}};
   }
 
-  void update(detail::slot& s, const torch::Tensor& grad) const {
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
     const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
                                  static_cast<double>(s.step));
     dispatch(s.param, [&](auto type) {

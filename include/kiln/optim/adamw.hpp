@@ -19,12 +19,12 @@
 #include "kiln/concepts.hpp"
 #include "kiln/optim/detail/adam_rule.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
-#include "kiln/optim/detail/fused_optimizer.hpp"
+#include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 
-class adamw : public detail::fused_optimizer<adamw> {
+class adamw : public kiln::optim::fused_optimizer<adamw> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "adamw";
@@ -45,7 +45,7 @@ class adamw : public detail::fused_optimizer<adamw> {
       v.field("eps", eps, "added to the denominator", kiln::checks::positive);
       v.field("weight_decay", weight_decay, "decoupled weight decay", kiln::checks::non_negative);
       v.field("amsgrad", amsgrad, "keep the maximum of the second moment (AMSGrad)");
-      v.field("no_decay", no_decay, detail::no_decay_help);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
@@ -53,13 +53,13 @@ class adamw : public detail::fused_optimizer<adamw> {
 
   double base_lr() const { return settings_.lr; }
 
-  void init_state(detail::slot& s) const {
+  void init_state(kiln::optim::slot& s) const {
     auto zeros = [&] { return torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32)); };
     s.state = {{"exp_avg", zeros()}, {"exp_avg_sq", zeros()}};
     if (settings_.amsgrad) s.state.emplace_back("max_exp_avg_sq", zeros());
   }
 
-  void update(detail::slot& s, const torch::Tensor& grad) const {
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
     const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
                                  static_cast<double>(s.step));
     if (!settings_.amsgrad) return apply_rule(rule, s, grad, s.field(0), s.field(1));

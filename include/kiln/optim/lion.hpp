@@ -15,12 +15,12 @@
 
 #include "kiln/concepts.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
-#include "kiln/optim/detail/fused_optimizer.hpp"
+#include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 
-class lion : public detail::fused_optimizer<lion> {
+class lion : public kiln::optim::fused_optimizer<lion> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "lion";
@@ -38,7 +38,7 @@ class lion : public detail::fused_optimizer<lion> {
               kiln::checks::in_range_open(0.0, 1.0));
       v.field("beta2", beta2, "decay of the momentum", kiln::checks::in_range_open(0.0, 1.0));
       v.field("weight_decay", weight_decay, "decoupled weight decay", kiln::checks::non_negative);
-      v.field("no_decay", no_decay, detail::no_decay_help);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
@@ -46,11 +46,11 @@ class lion : public detail::fused_optimizer<lion> {
 
   double base_lr() const { return settings_.lr; }
 
-  void init_state(detail::slot& s) const {
+  void init_state(kiln::optim::slot& s) const {
     s.state = {{"exp_avg", torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32))}};
   }
 
-  void update(detail::slot& s, const torch::Tensor& grad) const {
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
     const float decay = static_cast<float>(1.0 - lr() * s.weight_decay), step = static_cast<float>(lr());
     const float b1 = static_cast<float>(settings_.beta1), one_minus_b1 = static_cast<float>(1.0 - settings_.beta1);
     const float b2 = static_cast<float>(settings_.beta2), one_minus_b2 = static_cast<float>(1.0 - settings_.beta2);

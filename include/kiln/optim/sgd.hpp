@@ -10,7 +10,8 @@
 // Optional: save_state/load_state(state_dict, prefix) to survive a resume (kiln stores state by
 // parameter name, see kiln/io/state.hpp).
 //
-// kiln's optimizers get all of that from detail::fused_optimizer and write only the rule: here
+// kiln's optimizers get all of that from kiln::optim::fused_optimizer (public: yours can derive
+// from it too, copied from this header into your namespace) and write only the rule: here
 // that of torch::optim::SGD, in one pass per parameter tensor:
 //   d = g + wd p;  buf = d (first step) or momentum buf + (1 - dampening) d;
 //   d = nesterov ? d + momentum buf : buf;  p -= lr d
@@ -24,12 +25,12 @@
 
 #include "kiln/concepts.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
-#include "kiln/optim/detail/fused_optimizer.hpp"
+#include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln::optim {
 
-class sgd : public detail::fused_optimizer<sgd> {
+class sgd : public kiln::optim::fused_optimizer<sgd> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "sgd";
@@ -48,24 +49,24 @@ class sgd : public detail::fused_optimizer<sgd> {
       v.field("dampening", dampening, "dampening of the momentum", kiln::checks::in_range(0.0, 1.0));
       v.field("weight_decay", weight_decay, "L2 penalty added to the gradient", kiln::checks::non_negative);
       v.field("nesterov", nesterov, "use Nesterov momentum");
-      v.field("no_decay", no_decay, detail::no_decay_help);
+      v.field("no_decay", no_decay, kiln::optim::no_decay_help);
     }
   };
 
   explicit sgd(const settings& s) : fused_optimizer(s.lr, s.weight_decay, s.no_decay), settings_(s) {
     if (s.nesterov && (s.momentum <= 0 || s.dampening != 0))
-      throw config_error("optimizer.nesterov: Nesterov momentum needs momentum > 0 and dampening = 0");
+      throw kiln::config_error("optimizer.nesterov: Nesterov momentum needs momentum > 0 and dampening = 0");
   }
 
   double base_lr() const { return settings_.lr; }
 
-  void init_state(detail::slot& s) const {
+  void init_state(kiln::optim::slot& s) const {
     s.state.clear();
     if (settings_.momentum != 0)
       s.state = {{"momentum_buffer", torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32))}};
   }
 
-  void update(detail::slot& s, const torch::Tensor& grad) const {
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
     const float wd = static_cast<float>(s.weight_decay), step = static_cast<float>(lr());
     const float momentum = static_cast<float>(settings_.momentum);
     const float keep = static_cast<float>(1.0 - settings_.dampening);

@@ -1,16 +1,24 @@
-// kiln/optim/detail/fused_optimizer.hpp: what kiln's own optimizers (sgd, adamw, lion,
-// adafactor, adam8bit) share: the parameters they update, their state by parameter name, the
-// per-parameter weight decay of the no_decay patterns, set_lr, zero_grad and state_bytes.
+// kiln/optim/fused_optimizer.hpp: the base kiln's optimizers are written on (sgd, adamw, lion,
+// adafactor, adam8bit), public so that yours can be too.
 //
-// Derived provides
-//   void init_state(slot&)                      creates slot.state (named fp32/uint8 tensors);
-//   void update(slot&, const torch::Tensor& g)  one step of the rule for one parameter, with
-//                                               slot.step already incremented and lr() current.
-// Each parameter is one contiguous fp32 or bf16 tensor: the flat storage the rules run over in
-// one pass, and what a sharding policy will hand over as this rank's shard. With
-// use_kahan_summation(true) (precision::bf16_pure's kahan = true), each bf16 parameter also has
-// a bf16 compensation buffer that its updates are summed through (fused_loop.hpp's
-// store_compensated), saved and resumed with the state.
+// It keeps the parameters, one slot each (name, tensor, step count, state tensors), applies
+// the no_decay patterns as a per-parameter weight decay, and provides the optimizer axis's
+// members: attach, step, zero_grad, set_lr / lr, state_bytes, save_state / load_state (state
+// by parameter name, so a resume finds it; kiln/io/state.hpp). A derived optimizer writes
+//   void init_state(kiln::optim::slot&) const               create slot.state: named fp32 tensors
+//   void update(kiln::optim::slot&, const torch::Tensor& g) const
+//                                                         one step for one parameter; slot.step
+//                                                         is already incremented and lr() current
+// and its update calls apply_rule(rule, slot, grad, state...) with a rule over values:
+//   apply_rule([=](auto& p, const auto& g, auto& v) { v = v * a + g * g * (1 - a); p = p - lr * g / (vsqrt(v) + eps); },
+//              s, grad, s.field(0));
+// which runs as one fused, vectorised pass over the parameter on the CPU (the same rule runs as
+// whole-tensor ops elsewhere, CUDA). A rule sees SIMD vectors or floats; +, -, *, / with scalars
+// and kiln::optim::vsqrt / vmax / vsign work on both. kiln/optim/sgd.hpp is the shortest example.
+//
+// Each parameter is one contiguous fp32 or bf16 tensor. With use_kahan_summation(true)
+// (precision::bf16_pure's kahan = true), each bf16 parameter also has a bf16 compensation
+// buffer that its updates are summed through, saved and resumed with the state.
 #pragma once
 
 #include <cstdint>
@@ -20,12 +28,18 @@
 
 #include <torch/torch.h>
 
+#include "kiln/concepts.hpp"
 #include "kiln/detail/glob.hpp"
 #include "kiln/errors.hpp"
 #include "kiln/io/state.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
 
-namespace kiln::optim::detail {
+namespace kiln::optim {
+
+// What a rule may call on its values (vectors or floats).
+using detail::vmax;
+using detail::vsign;
+using detail::vsqrt;
 
 using named_tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
@@ -69,6 +83,19 @@ class fused_optimizer {
   }
 
   void step() {
+    if constexpr (!(requires(const Derived& d, slot& s) { d.init_state(s); })) {
+      static_assert(kiln::detail::missing<Derived>,
+                    "kiln: optimizer axis: a kiln::optim::fused_optimizer is missing `void init_state(kiln::optim::slot&) const`");
+    } else if constexpr (!(requires(const Derived& d, slot& s, const torch::Tensor& g) { d.update(s, g); })) {
+      static_assert(kiln::detail::missing<Derived>,
+                    "kiln: optimizer axis: a kiln::optim::fused_optimizer is missing `void update(kiln::optim::slot&, const torch::Tensor& grad) const`");
+    } else {
+      step_all();
+    }
+  }
+
+ private:
+  void step_all() {
     torch::NoGradGuard no_grad;
     for (auto& s : slots_) {
       const auto& grad = s.param.grad();
@@ -80,6 +107,7 @@ class fused_optimizer {
     }
   }
 
+ public:
   // Gradients are zeroed in place, as LibTorch 1.13's optimizers do, not released (set_to_none):
   // the next backward then accumulates into buffers that already exist.
   void zero_grad() {
@@ -160,10 +188,10 @@ class fused_optimizer {
   // one fused pass on CPU; elsewhere (CUDA) the same rule as whole-tensor ops.
   template <class Rule, class... State>
   void apply_rule(const Rule& rule, const slot& s, const torch::Tensor& grad, State&... state) const {
-    if (!s.param.is_cpu() || tensor_ops_) return tensor_rule(rule, s.param, s.compensation, grad, state...);
+    if (!s.param.is_cpu() || tensor_ops_) return detail::tensor_rule(rule, s.param, s.compensation, grad, state...);
     dispatch(s.param, [&](auto type) {
       using T = decltype(type);
-      fused_loop(s.param.numel(), rule, s.param.data_ptr<T>(), compensation_ptr(s), grad.data_ptr<T>(),
+      detail::fused_loop(s.param.numel(), rule, s.param.data_ptr<T>(), compensation_ptr(s), grad.data_ptr<T>(),
                  state.template data_ptr<float>()...);
     });
   }
@@ -197,4 +225,4 @@ class fused_optimizer {
   std::vector<slot> slots_;
 };
 
-}  // namespace kiln::optim::detail
+}  // namespace kiln::optim
