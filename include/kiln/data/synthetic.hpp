@@ -244,6 +244,15 @@ inline tensor_pair make_regression(std::int64_t n, std::int64_t features, std::i
   return pair;
 }
 
+// One draw of train + evaluation samples (so both come from the same teacher), split after the
+// first `train` rows: what each synthetic [data] kind loads.
+inline loaded split_draw(const tensor_pair& all, std::int64_t train, std::int64_t classes, data::targets targets) {
+  return {{all.inputs.slice(0, 0, train), all.targets.slice(0, 0, train)},
+          {all.inputs.slice(0, train), all.targets.slice(0, train)},
+          classes,
+          targets};
+}
+
 // The [data] kind "synthetic-classification" of a recipe (kiln/recipe/components.hpp).
 struct synthetic_classification_settings {
   static constexpr std::string_view kind = "synthetic-classification";
@@ -260,12 +269,8 @@ struct synthetic_classification_settings {
     v.field("classes", classes, "number of classes", checks::positive);
   }
   loaded load(const data_request& request) const {
-    // Train and evaluation samples come from one draw, so they share the teacher.
-    auto all = make_classification(samples + eval_samples, features, classes, request.seed);
-    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
-            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
-            classes,
-            targets::classes};
+    return split_draw(make_classification(samples + eval_samples, features, classes, request.seed), samples, classes,
+                      targets::classes);
   }
 };
 
@@ -293,11 +298,8 @@ struct synthetic_tokens_settings {
     if (min_len > seq_len)
       throw config_error("data.min_len = " + std::to_string(min_len) + " is longer than data.seq_len = " +
                          std::to_string(seq_len));
-    auto all = make_token_sequences(samples + eval_samples, seq_len, vocab_size, request.seed, min_len);
-    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
-            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
-            vocab_size,
-            targets::tokens};
+    return split_draw(make_token_sequences(samples + eval_samples, seq_len, vocab_size, request.seed, min_len),
+                      samples, vocab_size, targets::tokens);
   }
 };
 
@@ -321,11 +323,8 @@ struct synthetic_regression_settings {
             checks::non_negative);
   }
   loaded load(const data_request& request) const {
-    auto all = make_regression(samples + eval_samples, features, outputs, noise, request.seed);
-    return {{all.inputs.slice(0, 0, samples), all.targets.slice(0, 0, samples)},
-            {all.inputs.slice(0, samples), all.targets.slice(0, samples)},
-            outputs,
-            targets::values};
+    return split_draw(make_regression(samples + eval_samples, features, outputs, noise, request.seed), samples,
+                      outputs, targets::values);
   }
 };
 }  // namespace kiln::data
