@@ -10,6 +10,7 @@
 // bandwidth measured in the same round. Paired rounds: each round times every contender in turn;
 // reported is the median over rounds. Output: JSON lines.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
 
 #include "bench_common.hpp"
 

@@ -11,6 +11,8 @@
 // of 16 sequences per optimizer step, same measures: memory should stay flat in N and time grow
 // linearly (ratio N). Output: one JSON object per line.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include "bench_common.hpp"
 

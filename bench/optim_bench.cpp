@@ -9,6 +9,7 @@
 // over rounds. Bound: the bytes each rule must read and write per parameter (fp32 parameter,
 // gradient and state) at the in-place stream bandwidth measured in the same run. Output: JSON lines.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
 
 #include "bench_common.hpp"
 

@@ -18,6 +18,8 @@
 // --batch) to be limited by its arithmetic rather than by kernel launches. Output: one JSON
 // object per precision, one per line.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include "bench_common.hpp"
 

@@ -11,6 +11,8 @@
 // least disturbed by neighbours on a shared machine), then each profiler's cost as the median
 // ratio of kiln with it to kiln with profiler::none. Output: one JSON object on stdout.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include "bench_common.hpp"
 

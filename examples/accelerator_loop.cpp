@@ -1,6 +1,8 @@
 // Owning the loop yourself (the Accelerate shape): kiln::accelerator does accumulation,
 // clipping, the schedule and the optimizer; you write the for loop.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <cstdio>
 

@@ -4,6 +4,8 @@
 // axis requires. A member missing here would stop the build with a sentence such as
 //   "kiln: optimizer axis: policy is missing `void set_lr(double)`".
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <cstdio>
 

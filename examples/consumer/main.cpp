@@ -1,6 +1,8 @@
 // A program outside kiln's tree: composes a trainer from policies in one line and trains an
 // MLP on a synthetic classification task.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <cstdio>
 

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/recipe/registry.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 

@@ -1,9 +1,15 @@
-// kiln/kiln.hpp: the one public include of kiln.
+// kiln/kiln.hpp: the public include of kiln, the library.
 //
 // kiln turns a LibTorch model into a training run from policies that compose at compile time:
 //   kiln::trainer<kiln::optim::adamw>           kiln owns the loop (fit, evaluate, resume)
 //   kiln::accelerator<kiln::optim::adamw>       you own the loop (prepare, backward, step)
-// and from TOML recipes that pick the policies (kiln/recipe/recipe.hpp).
+// This header is the loop and its policies only. Three more sit beside it, each including it:
+//   kiln/models.hpp     kiln's models (mlp, cnn, gpt) and the layers they are built from
+//   kiln/datasets.hpp   kiln's datasets (Fashion-MNIST, text, synthetic)
+//   kiln/recipes.hpp    TOML recipes: reading, checking and running them, and the registry of
+//                       every kind a recipe may name (which brings toml++ and the two above)
+// They are apart because a file that includes a kind instantiates it: a file with one trainer
+// type compiles in a fraction of the time without them (docs/benchmarks.md, "Compile time").
 #pragma once
 
 #include "kiln/detail/torch.hpp"  // first: see there
@@ -47,21 +53,9 @@
 #include "kiln/threads.hpp"
 #include "kiln/callbacks.hpp"
 #include "kiln/schedule.hpp"
+#include "kiln/loss.hpp"
 #include "kiln/trainer.hpp"
 
-#include "kiln/data/fashion_mnist.hpp"
 #include "kiln/data/loader.hpp"
-#include "kiln/data/synthetic.hpp"
-#include "kiln/data/text.hpp"
 #include "kiln/data/views.hpp"
 #include "kiln/io/state.hpp"
-#include "kiln/models/cnn.hpp"
-#include "kiln/models/cross_entropy.hpp"
-#include "kiln/models/dropout.hpp"
-#include "kiln/models/gelu.hpp"
-#include "kiln/models/gpt.hpp"
-#include "kiln/models/layer_norm.hpp"
-#include "kiln/models/linear.hpp"
-#include "kiln/models/mlp.hpp"
-#include "kiln/recipe/recipe.hpp"
-#include "kiln/recipe/run.hpp"

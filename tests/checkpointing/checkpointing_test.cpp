@@ -3,6 +3,8 @@
 // that do not require grad; gradient hooks; clear errors for models without blocks.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

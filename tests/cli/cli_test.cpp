@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include <kiln/cli.hpp>
+#include <kiln/app/cli.hpp>
 
 // doctest comes after the LibTorch headers: Debian's LibTorch is built with glog, whose
 // CHECK macros would otherwise replace doctest's CHECK without a word.

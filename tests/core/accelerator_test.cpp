@@ -2,6 +2,8 @@
 // clipping against LibTorch's clip_grad_norm_, the schedule against hand-computed lrs.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

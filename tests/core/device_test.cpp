@@ -3,6 +3,7 @@
 // themselves are checked through the optimizers' tensor-op path, tests/optim).
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/recipes.hpp>
 
 #include <ATen/Version.h>
 

@@ -1,6 +1,8 @@
 // The loss component: regression and language modelling train to stated losses, evaluation
 // reports each loss's metrics as computed independently, and a user's loss is the one trained.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

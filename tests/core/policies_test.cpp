@@ -1,6 +1,7 @@
 // Composition: a pack of policies in any order resolves to one policy per axis, with defaults.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/recipes.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,6 +2,8 @@
 // evaluation against a hand computation, and saves that survive a failed write.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,6 +2,7 @@
 // and the errors for paths it cannot use.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

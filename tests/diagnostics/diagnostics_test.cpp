@@ -4,6 +4,7 @@
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/diagnostics.hpp>
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,8 @@
 // Optimizer policies against LibTorch's own optimizers, and state that resumes exactly.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

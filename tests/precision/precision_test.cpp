@@ -3,6 +3,8 @@
 // Fashion-MNIST, and master weights (or Kahan summation) that keep updates bf16 would round away.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,6 +2,8 @@
 // memory peaks of a known allocation pattern to the byte, the schedule, and the verdicts.
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <doctest/doctest.h>
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/recipes.hpp>
 
 // doctest comes after the LibTorch headers: Debian's LibTorch is built with glog, whose
 // CHECK macros would otherwise replace doctest's CHECK without a word.

@@ -1,4 +1,5 @@
-// kiln/cli.hpp: the `kiln` command line, over a catalog of compiled policy combinations.
+// kiln/app/cli.hpp (the application, not the library: cmake/kiln.cmake adds app/ to the
+// include path of recipe executables only): the `kiln` command line, over a catalog of compiled policy combinations.
 //
 // A recipe chooses policy types, so the binary that runs it must contain that combination.
 // The build generates the catalog from recipes (cmake: kiln_add_recipe_executable), and
@@ -22,9 +23,9 @@
 
 #include <unistd.h>
 
-#include "kiln/doctor.hpp"
-#include "kiln/kiln.hpp"
-#include "kiln/launch.hpp"
+#include "kiln/app/doctor.hpp"
+#include "kiln/recipes.hpp"
+#include "kiln/app/launch.hpp"
 
 namespace kiln::cli {
 

@@ -1,4 +1,4 @@
-// kiln/doctor.hpp: what this machine gives a training run, and what holds it back.
+// kiln/app/doctor.hpp (the application): what this machine gives a training run, and what holds it back.
 //
 // The biggest silent slowdowns on CPU are the BLAS library (the reference BLAS is ~50x slower
 // than OpenBLAS) and the kernel OpenBLAS picked for the CPU, then the thread count. kiln does

@@ -1,4 +1,4 @@
-// kiln/launch.hpp: `kiln launch -n N RECIPE`, N local ranks of one job, as torchrun starts them.
+// kiln/app/launch.hpp (the application): `kiln launch -n N RECIPE`, N local ranks of one job, as torchrun starts them.
 //
 // Each rank is this executable running `run RECIPE ...` with torchrun's environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT = a free port;
