@@ -15,7 +15,7 @@ int main() {
   kiln::accelerator<kiln::optim::adamw> acc({
       .accumulation = {.steps = 2},  // 2 micro-batches of 32 per optimizer step
       .optimizer = {.lr = 3e-3},
-      .scheduler = {.kind = "linear", .warmup_steps = 20},
+      .scheduler = kiln::schedules::linear{.warmup_steps = 20},
       .clip_grad_norm = 1.0,
       .total_steps = 300,
   });

@@ -57,7 +57,7 @@ int main() {
 
   trainer_t::settings settings;
   settings.accelerator.optimizer.lr = 2e-3;
-  settings.accelerator.scheduler.kind = "cosine";
+  settings.accelerator.scheduler = kiln::schedules::cosine{};
   settings.options.steps = 400;
   settings.options.progress = false;
   trainer_t trainer(settings);

@@ -66,7 +66,7 @@ class accelerator {
     typename sharding_t::settings sharding{};
     typename optimizer_t::settings optimizer{};
     typename profiler_t::settings profiler{};
-    schedule_settings scheduler{};
+    schedule scheduler{};          // kiln/schedule.hpp: e.g. kiln::schedules::cosine{.warmup_steps = 100}
     double clip_grad_norm = 0.0;   // max global L2 norm of the gradients; 0 = no clipping
     std::int64_t total_steps = 0;  // optimizer steps in the run, for decaying schedules
     std::string device = "auto";   // kiln/device.hpp: "auto", "cpu", "cuda" or "cuda:N"
@@ -209,7 +209,7 @@ class accelerator {
     // can never skip one.
     if constexpr (!detail::always_finite<precision_t>) finite = sharding_.all_ranks_true(finite);
     precision_.update(finite);
-    result.lr = optimizer_.base_lr() * schedule_factor(settings_.scheduler, step_, settings_.total_steps);
+    result.lr = optimizer_.base_lr() * settings_.scheduler.factor(step_, settings_.total_steps);
     if (finite) {
       if (settings_.clip_grad_norm > 0)
         result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);

@@ -232,7 +232,7 @@ TEST_SUITE("accelerator") {
     auto data = kiln::data::make_classification(32, 12, 5, 7);
     auto model = small_mlp(8);
     kiln::accelerator<kiln::optim::adamw> acc(
-        {.optimizer = {.lr = 1e-2}, .scheduler = {.kind = "linear", .warmup_steps = 2}, .total_steps = 10});
+        {.optimizer = {.lr = 1e-2}, .scheduler = kiln::schedules::linear{.warmup_steps = 2}, .total_steps = 10});
     acc.prepare(model);
     std::vector<double> lrs;
     for (int i = 0; i < 10; ++i) {

@@ -3,7 +3,8 @@
 // themselves are checked through the optimizers' tensor-op path, tests/optim).
 // kiln (and with it LibTorch) before doctest: glog's CHECK macros would replace doctest's.
 #include <kiln/kiln.hpp>
-#include <kiln/recipes.hpp>
+#include <kiln/models.hpp>
+#include <kiln/datasets.hpp>
 
 #include <ATen/Version.h>
 
@@ -39,15 +40,6 @@ TEST_SUITE("device") {
     const auto data = kiln::data::make_classification(64, 4, 2, 1);
     CHECK_THROWS_WITH_AS(kiln::data::batch_loader(data, {.batch_size = 8, .pin_memory = true}),
                          doctest::Contains("pin_memory"), kiln::data_error);
-  }
-
-  TEST_CASE("a recipe's [train] device is checked when it loads, with file:line") {
-    kiln::test::temp_dir dir("device_recipe");
-    auto file = dir.write("f.toml", "[recipe]\nname = \"t\"\n[train]\ndevice = \"gpu\"\n");
-    CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("f.toml:4: train.device = 'gpu': expected"),
-                         kiln::config_error);
-    auto fine = dir.write("g.toml", "[recipe]\nname = \"t\"\n[train]\ndevice = \"cuda:1\"\n");
-    CHECK(kiln::load_recipe(fine).train.device == "cuda:1");  // resolved when the run starts
   }
 
   TEST_CASE("on an explicit cpu device the model trains exactly as on auto, and batches stay put") {

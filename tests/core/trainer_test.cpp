@@ -43,7 +43,7 @@ struct setup {
 trainer_t::settings settings_for(const fs::path& dir, std::int64_t steps) {
   trainer_t::settings s;
   s.accelerator.optimizer.lr = 3e-3;
-  s.accelerator.scheduler = {.kind = "cosine", .warmup_steps = 5};
+  s.accelerator.scheduler = kiln::schedules::cosine{.warmup_steps = 5};
   s.accelerator.clip_grad_norm = 1.0;
   s.options.steps = steps;
   s.options.log_every = 5;

@@ -483,7 +483,7 @@ TEST_SUITE("precision") {
       typename trainer_t::settings s;
       s.accelerator.precision = precision;
       s.accelerator.optimizer.lr = 1e-3;
-      s.accelerator.scheduler = {.kind = "cosine", .warmup_steps = 100};
+      s.accelerator.scheduler = kiln::schedules::cosine{.warmup_steps = 100};
       s.options.steps = 2 * 468;
       s.options.progress = false;
       trainer_t t(s);

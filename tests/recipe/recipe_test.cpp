@@ -503,6 +503,65 @@ TEST_CASE("the resolved recipe holds every table with every value") {
   CHECK(kiln::resolve_recipe<adamw_trainer>(longer).second == fingerprint);
 }
 
+TEST_CASE("the registry names each policy by its own kind and C++ type") {
+  const auto* adamw = kiln::find_policy_kind("optimizer", kiln::optim::adamw::kind);
+  REQUIRE(adamw != nullptr);
+  CHECK(adamw->type == "kiln::optim::adamw");
+  CHECK(kiln::find_policy_kind("optimizer", kiln::optim::sgd::kind) != nullptr);
+  CHECK(kiln::find_policy_kind("precision", kiln::optim::sgd::kind) == nullptr);
+  CHECK(kiln::policy_type("profiler", "ops+memory") ==
+        "kiln::profiler::profile<kiln::profiler::ops_collector, kiln::profiler::memory_collector>");
+  CHECK(kiln::profile_all_kind() == "ops+trace+memory+phases");
+  // kiln's own kinds are listed in builtin_kinds.hpp's order
+  CHECK(kiln::kinds_on_axis("optimizer") == std::vector<std::string>{"sgd", "adamw", "adafactor", "adam8bit", "lion"});
+  CHECK(kiln::kind_names(kiln::registered_models()) == std::vector<std::string>{"mlp", "cnn", "gpt"});
+  CHECK(kiln::default_kind("optimizer") == kiln::defaults::optimizer::kind);
+  CHECK(kiln::default_kind("precision") == kiln::defaults::precision::kind);
+  CHECK(kiln::default_kind("accumulation") == kiln::defaults::accumulation::kind);
+  CHECK(kiln::default_kind("checkpointing") == kiln::defaults::checkpointing::kind);
+  CHECK(kiln::default_kind("sharding") == kiln::defaults::sharding::kind);
+  CHECK(kiln::default_kind("profiler") == kiln::defaults::profiler::kind);
+}
+
+TEST_CASE("an accelerator built in C++ refuses what a recipe would, in the recipe's words") {
+  using acc_t = kiln::accelerator<kiln::optim::adamw>;
+  acc_t::settings s;
+  s.optimizer.lr = -1;
+  s.scheduler = kiln::schedules::cosine{.min_factor = 2};
+  s.clip_grad_norm = -0.5;
+  std::string message;
+  try {
+    acc_t acc(s);
+  } catch (const kiln::config_error& e) {
+    message = e.what();
+  }
+  CHECK(message ==
+        "optimizer.lr = -1: expected a value > 0\n"
+        "scheduler.min_factor = 2: expected a value in [0, 1]\n"
+        "train.clip_grad_norm = -0.5: expected a value >= 0");
+  // The same value in a recipe: the same words after the recipe's file:line.
+  const auto recipe = std::filesystem::temp_directory_path() / ("kiln-cxx-check-" + std::to_string(::getpid()) + ".toml");
+  std::ofstream(recipe) << "[recipe]\nname = \"x\"\n[model]\nkind = \"mlp\"\n[optimizer]\nkind = \"adamw\"\nlr = -1\n";
+  std::string recipe_message;
+  try {
+    kiln::optim::adamw::settings read;
+    kiln::load_recipe(recipe).read_axis("optimizer", read);
+  } catch (const kiln::config_error& e) {
+    recipe_message = e.what();
+  }
+  std::filesystem::remove(recipe);
+  CHECK_MESSAGE(recipe_message.find(": optimizer.lr = -1: expected a value > 0") != std::string::npos, recipe_message);
+}
+
+TEST_CASE("a recipe's [train] device is checked when it loads, with file:line") {
+  kiln::test::temp_dir dir("device_recipe");
+  auto file = dir.write("f.toml", "[recipe]\nname = \"t\"\n[train]\ndevice = \"gpu\"\n");
+  CHECK_THROWS_WITH_AS(kiln::load_recipe(file), doctest::Contains("f.toml:4: train.device = 'gpu': expected"),
+                       kiln::config_error);
+  auto fine = dir.write("g.toml", "[recipe]\nname = \"t\"\n[train]\ndevice = \"cuda:1\"\n");
+  CHECK(kiln::load_recipe(fine).train.device == "cuda:1");  // resolved when the run starts
+}
+
 }  // TEST_SUITE("recipe")
 
 TEST_CASE("a resolved recipe with combined profilers reads back as the same combination") {
@@ -515,6 +574,28 @@ TEST_CASE("a resolved recipe with combined profilers reads back as the same comb
   CHECK(contains(text, "kind = [\"ops\", \"trace\", \"memory\", \"phases\"]"));
   auto again = kiln::load_recipe(dir.write("resolved.toml", text));
   CHECK(again.kinds == r.kinds);
+}
+
+TEST_CASE("[scheduler]: a registered kind with its own keys, checked like any other, reaching the accelerator") {
+  temp_dir dir("scheduler");
+  auto r = kiln::load_recipe(dir.write("cos.toml", head + "[scheduler]\nkind = \"cosine\"\nwarmup_steps = 3\nmin_factor = 0.1\n"));
+  CHECK(r.scheduler.kind == "cosine");
+  const auto settings = kiln::read_policy_settings<adamw_trainer>(r);
+  REQUIRE(settings.scheduler.get_if<kiln::schedules::cosine>() != nullptr);
+  CHECK(settings.scheduler.get_if<kiln::schedules::cosine>()->min_factor == 0.1);
+  CHECK(settings.scheduler.factor(0, 100) == doctest::Approx(0.25));
+  const auto resolved = resolved_body(r);
+  CHECK(contains(resolved, "\n[scheduler]\nkind = 'cosine' "));
+  CHECK(contains(resolved, "\nwarmup_steps = 3 "));
+  CHECK(contains(resolved, "\nmin_factor = 0.1 "));
+
+  const auto typo = error_of([&] { kiln::load_recipe(dir.write("typo.toml", head + "[scheduler]\nkind = \"consant\"\n")); });
+  CHECK_MESSAGE(contains(typo, "typo.toml:4: scheduler.kind = 'consant': expected one of \"constant\", \"linear\", \"cosine\""), typo);
+  CHECK_MESSAGE(contains(typo, "(did you mean \"constant\"?)"), typo);
+  // constant has no min_factor: the key is unknown for that kind, not silently ignored
+  const auto key = error_of([&] { kiln::load_recipe(dir.write("key.toml", head + "[scheduler]\nmin_factor = 0.1\n")); });
+  CHECK_MESSAGE(contains(key, "key.toml:4"), key);
+  CHECK_MESSAGE(contains(key, "min_factor"), key);
 }
 
 TEST_CASE("[loss]: auto follows the data's targets, a kind is checked like any other, and the CLI trains regression") {

@@ -201,6 +201,7 @@ inline int main(int argc, char** argv, const std::vector<compiled_combination>& 
       for (const auto& k : registered_models()) kind_line("model", k.kind, k.type);
       for (const auto& k : registered_datasets()) kind_line("data", k.kind, k.type);
       for (const auto& k : registered_losses()) kind_line("loss", k.kind, k.type);
+      for (const auto& k : registered_schedules()) kind_line("scheduler", k.kind, k.type);
       return 0;
     }
     if (args.command == "runs") return detail::list_runs(args.recipe.empty() ? "runs" : args.recipe);

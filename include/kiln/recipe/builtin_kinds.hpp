@@ -81,3 +81,7 @@ KILN_DETAIL_BUILTIN(register_loss, kiln::losses::cross_entropy)
 KILN_DETAIL_BUILTIN(register_loss, kiln::losses::next_token)
 KILN_DETAIL_BUILTIN(register_loss, kiln::losses::mse)
 KILN_DETAIL_BUILTIN(register_loss, kiln::losses::l1)
+
+KILN_DETAIL_BUILTIN(register_schedule, kiln::schedules::constant)
+KILN_DETAIL_BUILTIN(register_schedule, kiln::schedules::linear)
+KILN_DETAIL_BUILTIN(register_schedule, kiln::schedules::cosine)

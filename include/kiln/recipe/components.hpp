@@ -1,4 +1,4 @@
-// kiln/recipe/components.hpp: what a model kind, a dataset kind and a loss kind of a recipe provide.
+// kiln/recipe/components.hpp: what a model, dataset, loss or schedule kind of a recipe provides.
 //
 // Both are settings structs, registered by type (kiln/recipe/registry.hpp), whose fields are
 // the keys of the recipe's [model] or [data] table besides `kind`:
@@ -20,8 +20,9 @@
 // kiln's own are kiln::models::mlp_settings, cnn_settings, gpt_settings and kiln::data::
 // fashion_mnist_settings, text_settings, synthetic_classification_settings,
 // synthetic_tokens_settings, synthetic_regression_settings. A loss kind ([loss] kind) is
-// described in kiln/loss.hpp (kiln::losses::cross_entropy, next_token, mse, l1). A type missing
-// a member fails to register with one sentence.
+// described in kiln/loss.hpp (kiln::losses::cross_entropy, next_token, mse, l1), a schedule kind
+// ([scheduler] kind) in kiln/schedule.hpp (kiln::schedules::constant, linear, cosine). A type
+// missing a member fails to register with one sentence.
 #pragma once
 
 #include <concepts>
@@ -33,6 +34,7 @@
 #include "kiln/concepts.hpp"
 #include "kiln/data/source.hpp"
 #include "kiln/loss.hpp"
+#include "kiln/schedule.hpp"
 #include "kiln/settings/any_settings.hpp"
 
 namespace kiln {
@@ -58,13 +60,13 @@ concept describes_itself = requires(T& t, describe_probe& v) { t.describe(v); };
 template <class T>
 consteval bool check_component() {
   if constexpr (!component_kind<T>) {
-    static_assert(missing<T>, "kiln: a [model] or [data] kind needs `static constexpr std::string_view kind` (its TOML kind)");
+    static_assert(missing<T>, "kiln: a recipe kind ([model], [data], [loss], [scheduler]) needs `static constexpr std::string_view kind` (its TOML kind)");
     return false;
   } else if constexpr (!std::is_default_constructible_v<T> || !std::is_copy_constructible_v<T>) {
-    static_assert(missing<T>, "kiln: a [model] or [data] kind's settings must be default-constructible and copyable (the defaults of its keys)");
+    static_assert(missing<T>, "kiln: a recipe kind's settings must be default-constructible and copyable (the defaults of its keys)");
     return false;
   } else if constexpr (!describes_itself<T>) {
-    static_assert(missing<T>, "kiln: a [model] or [data] kind is missing `template <class V> void describe(V& v)` listing its keys");
+    static_assert(missing<T>, "kiln: a recipe kind is missing `template <class V> void describe(V& v)` listing its keys");
     return false;
   } else {
     return true;
@@ -95,6 +97,19 @@ consteval bool check_loss() {
   } else if constexpr (!loss_kind<Loss>) {
     static_assert(detail::missing<Loss>,
                   "kiln: [loss] kind is missing `torch::Tensor loss(const torch::Tensor& outputs, const torch::Tensor& targets) const`");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+template <class Schedule>
+consteval bool check_schedule() {
+  if constexpr (!detail::check_component<Schedule>()) {
+    return false;
+  } else if constexpr (!schedule_kind<Schedule>) {
+    static_assert(detail::missing<Schedule>,
+                  "kiln: [scheduler] kind is missing `double factor(std::int64_t step, std::int64_t total) const`");
     return false;
   } else {
     return true;

@@ -156,6 +156,19 @@ struct loss_settings {
   }
 };
 
+// [scheduler]: the learning-rate schedule's kind and that kind's keys (kiln/schedule.hpp).
+struct scheduler_settings {
+  std::string kind = std::string(schedules::constant::kind);
+  any_settings own;  // the settings of `kind`
+
+  template <class V>
+  void describe(V& v) {
+    v.field("kind", kind, "the lr schedule; `kiln list` shows the kinds", detail::registered_kind(&registered_schedules));
+    detail::hold_settings_of(own, kind, registered_schedules());
+    own.describe(v);
+  }
+};
+
 struct train_settings {
   std::int64_t steps = 0;   // optimizer steps; 0 = derived from epochs
   std::int64_t epochs = 1;  // used when steps = 0
@@ -205,7 +218,7 @@ struct recipe {
   data_settings data;
   loss_settings loss;
   train_settings train;
-  schedule_settings scheduler;
+  scheduler_settings scheduler;
   run_settings run;
   diagnostics_settings diagnostics;
   combination_kinds kinds;  // one per axis, in axis_names order

@@ -1,18 +1,19 @@
 // kiln/recipe/registry.hpp: the kinds a recipe can name, each registered by its C++ type.
 //
-// A recipe's `kind = "..."` on an axis table, in [model] or in [data] is the `kind` member of
-// a registered C++ type (so is [loss]'s); there is no second table of names. kiln's own kinds are registered in
+// A recipe's `kind = "..."` on an axis table, in [model], [data], [loss] or [scheduler] is the
+// `kind` member of a registered C++ type; there is no second table of names. kiln's own kinds are registered in
 // kiln/recipe/builtin_kinds.hpp, a user's in a header of theirs, with the same macros:
 //
 //   KILN_REGISTER_POLICY(my::rmsprop)     // a policy: `using axis = ...; static constexpr kind = "rmsprop";`
 //   KILN_REGISTER_MODEL(my::resnet)       // a model's settings: kind, describe(), build(const kiln::data_info&)
 //   KILN_REGISTER_DATASET(my::spirals)    // a dataset's settings: kind, describe(), load(const kiln::data_request&)
 //   KILN_REGISTER_LOSS(my::huber)         // a loss: kind, describe(), loss(outputs, targets) (kiln/loss.hpp)
+//   KILN_REGISTER_SCHEDULE(my::step_decay) // an lr schedule: kind, describe(), factor(step, total) (kiln/schedule.hpp)
 //
 // at global scope, with the type's fully qualified name: the build writes that name into the
 // generated catalog (cmake: kiln_add_recipe_executable(... REGISTER my_kinds.hpp)). Policies
 // compose at compile time, so the catalog generator reads this registry to learn which C++
-// type each kind of a recipe is; models and datasets are chosen at run time from it.
+// type each kind of a recipe is; models, datasets, losses and schedules are chosen at run time from it.
 #pragma once
 
 #include <algorithm>
@@ -62,32 +63,20 @@ struct registered_policy {
   long order = 0;          // kiln's kinds first, in builtin_kinds.hpp's order; a user's after, by name
 };
 
-// A kind of the [model] table: its settings, chosen at run time, and how it builds the model.
-struct registered_model {
+// A kind of a component table ([model], [data], [loss], [scheduler]): its settings, chosen at
+// run time, and what they make from the inputs the table's kinds take.
+template <class Made, class... Inputs>
+struct registered_component {
   std::string kind;
   std::string type;
   long order = 0;
   std::function<any_settings()> make_settings;  // the kind's settings at their defaults
-  std::function<torch::nn::AnyModule(const any_settings&, const data_info&)> build;
+  std::function<Made(const any_settings&, Inputs...)> make;
 };
-
-// A kind of the [data] table: its settings and how it loads the training and evaluation sets.
-struct registered_dataset {
-  std::string kind;
-  std::string type;
-  long order = 0;
-  std::function<any_settings()> make_settings;
-  std::function<data::loaded(const any_settings&, const data_request&)> load;
-};
-
-// A kind of the [loss] table: its settings and the loss they make.
-struct registered_loss {
-  std::string kind;
-  std::string type;
-  long order = 0;
-  std::function<any_settings()> make_settings;
-  std::function<loss_function(const any_settings&)> make;
-};
+using registered_model = registered_component<torch::nn::AnyModule, const data_info&>;  // builds the model
+using registered_dataset = registered_component<data::loaded, const data_request&>;     // loads train and eval
+using registered_loss = registered_component<loss_function>;
+using registered_schedule = registered_component<schedule>;
 
 namespace detail {
 
@@ -98,6 +87,7 @@ struct kind_registry {
   std::vector<registered_model> models;
   std::vector<registered_dataset> datasets;
   std::vector<registered_loss> losses;
+  std::vector<registered_schedule> schedules;
   std::vector<std::string> conflicts;  // two types under one name: reported when the registry is read
 };
 
@@ -134,6 +124,13 @@ inline const kind_registry& checked_registry() {
   return r;
 }
 
+// Adds Kind to a component table; make(settings, inputs...) is what its entry makes.
+template <class Kind, class Entry, class Make>
+void add_component(std::vector<Entry>& entries, std::string_view type, long order, Make make, std::string_view table) {
+  add_kind(entries, Entry{std::string(Kind::kind), std::string(type), order, [] { return any_settings(Kind{}); }, make},
+           table);
+}
+
 }  // namespace detail
 
 // --- registration (through the KILN_REGISTER_* macros) ------------------------------------
@@ -159,37 +156,37 @@ bool register_profiler_collector(std::string_view type, long order = detail::use
 
 template <class Model>
 bool register_model(std::string_view type, long order = detail::user_kind_order) {
-  if constexpr (check_model<Model>()) {
-    detail::add_kind(detail::registry().models,
-                     registered_model{std::string(Model::kind), std::string(type), order,
-                                      [] { return any_settings(Model{}); },
-                                      [](const any_settings& s, const data_info& d) { return s.get<Model>().build(d); }},
-                     "model");
-  }
+  if constexpr (check_model<Model>())
+    detail::add_component<Model>(
+        detail::registry().models, type, order,
+        [](const any_settings& s, const data_info& d) { return s.get<Model>().build(d); }, "model");
   return true;
 }
 
 template <class Dataset>
 bool register_dataset(std::string_view type, long order = detail::user_kind_order) {
-  if constexpr (check_dataset<Dataset>()) {
-    detail::add_kind(detail::registry().datasets,
-                     registered_dataset{std::string(Dataset::kind), std::string(type), order,
-                                        [] { return any_settings(Dataset{}); },
-                                        [](const any_settings& s, const data_request& r) { return s.get<Dataset>().load(r); }},
-                     "data");
-  }
+  if constexpr (check_dataset<Dataset>())
+    detail::add_component<Dataset>(
+        detail::registry().datasets, type, order,
+        [](const any_settings& s, const data_request& r) { return s.get<Dataset>().load(r); }, "data");
   return true;
 }
 
 template <class Loss>
 bool register_loss(std::string_view type, long order = detail::user_kind_order) {
-  if constexpr (check_loss<Loss>()) {
-    detail::add_kind(detail::registry().losses,
-                     registered_loss{std::string(Loss::kind), std::string(type), order,
-                                     [] { return any_settings(Loss{}); },
-                                     [](const any_settings& s) { return loss_function(s.get<Loss>()); }},
-                     "loss");
-  }
+  if constexpr (check_loss<Loss>())
+    detail::add_component<Loss>(
+        detail::registry().losses, type, order, [](const any_settings& s) { return loss_function(s.get<Loss>()); },
+        "loss");
+  return true;
+}
+
+template <class Schedule>
+bool register_schedule(std::string_view type, long order = detail::user_kind_order) {
+  if constexpr (check_schedule<Schedule>())
+    detail::add_component<Schedule>(
+        detail::registry().schedules, type, order, [](const any_settings& s) { return schedule(s.get<Schedule>()); },
+        "scheduler");
   return true;
 }
 
@@ -209,6 +206,8 @@ bool register_loss(std::string_view type, long order = detail::user_kind_order) 
 #define KILN_REGISTER_DATASET(...) KILN_DETAIL_REGISTER(::kiln::register_dataset<__VA_ARGS__>(#__VA_ARGS__))
 // Registers a loss (kiln/loss.hpp says what it provides).
 #define KILN_REGISTER_LOSS(...) KILN_DETAIL_REGISTER(::kiln::register_loss<__VA_ARGS__>(#__VA_ARGS__))
+// Registers a learning-rate schedule (kiln/schedule.hpp says what it provides).
+#define KILN_REGISTER_SCHEDULE(...) KILN_DETAIL_REGISTER(::kiln::register_schedule<__VA_ARGS__>(#__VA_ARGS__))
 
 // --- reading it ---------------------------------------------------------------------------
 
@@ -220,6 +219,7 @@ inline const std::vector<registered_dataset>& registered_datasets() {
   return detail::checked_registry().datasets;
 }
 inline const std::vector<registered_loss>& registered_losses() { return detail::checked_registry().losses; }
+inline const std::vector<registered_schedule>& registered_schedules() { return detail::checked_registry().schedules; }
 
 inline const registered_policy* find_policy_kind(std::string_view axis, std::string_view kind) {
   for (const auto& k : registered_policies())

@@ -45,7 +45,7 @@ inline dataset_pair load_data(const recipe& r) {
   std::string what = "[data] kind = \"" + r.data.kind + "\"";
   if (const auto value = path ? path->value<std::string>() : std::nullopt) what += ", path = \"" + *value + "\"";
   try {
-    data::loaded loaded = entry->load(r.data.own, data_request{static_cast<std::uint64_t>(r.train.seed)});
+    data::loaded loaded = entry->make(r.data.own, data_request{static_cast<std::uint64_t>(r.train.seed)});
     auto info = data_info::of(r.data.kind, loaded);
     return {std::move(loaded.train), std::move(loaded.eval), std::move(info)};
   } catch (const data_error& e) {
@@ -69,7 +69,7 @@ inline torch::nn::AnyModule make_model(const recipe& r, const dataset_pair& data
   const auto* entry = find_kind(registered_models(), r.model.kind);
   if (!entry) throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" is not registered");
   try {
-    return entry->build(r.model.own, data.info);
+    return entry->make(r.model.own, data.info);
   } catch (const config_error& e) {
     throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" on [data] kind = \"" + r.data.kind +
                        "\": " + e.what());
@@ -110,7 +110,10 @@ typename Trainer::accelerator_t::settings read_policy_settings(const recipe& r) 
   // A recipe's profilers may be a subset of those compiled in (kiln::cli::find_combination).
   if constexpr (requires { s.profiler.only; })
     if (r.kinds[profiler_axis] != acc_t::profiler_t::kind) s.profiler.only = r.kinds[profiler_axis];
-  s.scheduler = r.scheduler;
+  const auto* schedule_entry = find_kind(registered_schedules(), r.scheduler.kind);
+  if (!schedule_entry)
+    throw config_error(r.file.string() + ": [scheduler] kind = \"" + r.scheduler.kind + "\" is not registered");
+  s.scheduler = schedule_entry->make(r.scheduler.own);
   s.clip_grad_norm = r.train.clip_grad_norm;
   return s;
 }
