@@ -9,7 +9,7 @@
 //   kiln/recipes.hpp    TOML recipes: reading, checking and running them, and the registry of
 //                       every kind a recipe may name (which brings toml++ and the two above)
 // They are apart because a file that includes a kind instantiates it: a file with one trainer
-// type compiles in a fraction of the time without them (docs/benchmarks.md, "Compile time").
+// type compiles in a fraction of the time without them (docs/benchmarks.md, "Compile time of a user's file").
 #pragma once
 
 #include "kiln/detail/torch.hpp"  // first: see there
