@@ -33,6 +33,7 @@
 #include "kiln/models/cross_entropy.hpp"
 #include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
+#include "kiln/run_directory.hpp"
 #include "kiln/threads.hpp"
 
 namespace kiln {
@@ -90,47 +91,6 @@ std::int64_t optimizer_steps_per_epoch(const Accumulation& policy, std::int64_t 
   return drop ? batches / n : (batches + n - 1) / n;
 }
 
-// Moves an unfinished-or-finished older run out of the way instead of overwriting it.
-inline std::filesystem::path keep_previous_run(const std::filesystem::path& dir) {
-  for (int i = 1;; ++i) {
-    auto kept = dir;
-    kept += '.';
-    kept += std::to_string(i);
-    if (!std::filesystem::exists(kept)) {
-      std::filesystem::rename(dir, kept);
-      return kept;
-    }
-  }
-}
-
-inline std::string read_text(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-inline void write_text(const std::filesystem::path& file, const std::string& text) {
-  auto tmp = file;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) throw error("cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, file);
-}
-
-inline std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb;
-  while (true) {
-    bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
-    if (!ga && !gb) return {};
-    if (!ga || !gb || la != lb) return "saved: \"" + (ga ? la : "") + "\", now: \"" + (gb ? lb : "") + "\"";
-  }
-}
-
 // What a failed micro-step says: where it was, then the cause (first lines only: LibTorch's
 // messages can go on for pages of dispatcher state).
 inline std::string step_failure(std::int64_t step, std::int64_t micro, std::int64_t window, const char* doing,
@@ -185,17 +145,17 @@ class trainer {
     module.train();
 
     const bool main = acc.is_main();
-    const auto& dir = options_.run_dir;
+    const run_directory run(options_.run_dir, options_.recipe_text, options_.fingerprint);
     std::int64_t step = 0;
-    if (!dir.empty() && main) step = open_run_dir(module, train);
-    if (!dir.empty() && acc.world_size() > 1) {
+    if (!run.empty() && main && run.open(options_.resume)) step = resume(run, module, train);
+    if (!run.empty() && acc.world_size() > 1) {
       // Rank 0 decided whether to resume (and moved an old run away); the others follow it, after
       // it is done with the directory: the sum is over ranks, so it waits for rank 0.
       const auto agreed = acc.sum_over_ranks(torch::full({1}, main ? static_cast<double>(step) : 0.0,
                                                          torch::kFloat64));
-      if (!main && agreed.template item<double>() > 0) step = resume_if_saved(module, train);
+      if (!main && agreed.template item<double>() > 0) step = resume(run, module, train);
     }
-    metrics_log metrics = (!dir.empty() && main) ? metrics_log(dir / "metrics.jsonl") : metrics_log();
+    metrics_log metrics = main ? run.metrics() : metrics_log();
 
     progress_display progress(options_.progress && main, main);
     const line_printer printer{[&progress](const std::string& text) { progress.print(text); }};
@@ -318,7 +278,10 @@ class trainer {
         loss_window = 0.0;
         steps_in_window = 0;
       }
-      if (diag && diag->due(step)) report_gradients(*diag, step, progress);
+      if (diag && diag->due(step)) {
+        for (const auto& w : diag->warnings()) progress.print("kiln: warning: " + w);
+        if (main) run.append_gradients(step, diag->last_report());
+      }
       for (auto& c : callbacks_) stop = (c->on_step_end(info) == control::stop) || stop;
 
       if (eval && (step % eval_every == 0 || step == options_.steps)) {
@@ -334,21 +297,21 @@ class trainer {
         shown.print = printer;
         for (auto& c : callbacks_) stop = (c->on_eval(shown) == control::stop) || stop;
       }
-      if (!dir.empty() && main && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
-        save(module, train);
+      if (!run.empty() && main && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
+        run.save_state(collect_state(module, train));
     }
     progress.end();
-    if constexpr (requires { profiler.finish(dir); }) {
+    if constexpr (requires { profiler.finish(run.profile_dir()); }) {
       if (diag && !diag->last_report().empty()) profiler.set_gradient_health(diag->last_report(), diag->warnings());
-      profiler.finish(dir.empty() ? dir : dir / "profile");
+      profiler.finish(run.profile_dir());
     }
     summary.steps = step;
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (threads) summary.threads = threads->threads(), summary.thread_changes = threads->changes();
-    if (!dir.empty() && main) {
-      save(module, train);
-      if (!summary.stopped_early) write_summary(summary);
+    if (!run.empty() && main) {
+      run.save_state(collect_state(module, train));
+      if (!summary.stopped_early) run.write_summary(summary_json(summary));
     }
     for (auto& c : callbacks_) c->on_fit_end(summary);
     return summary;
@@ -407,55 +370,12 @@ class trainer {
     return std::string(loss) + e.metrics_text() + " (" + std::to_string(e.samples) + " items)";
   }
 
-  // Per-module gradient norms and update ratios to <run dir>/gradients.jsonl; warnings shown.
-  void report_gradients(const diagnostics& diag, std::int64_t step, progress_display& progress) {
-    for (const auto& w : diag.warnings()) progress.print("kiln: warning: " + w);
-    if (options_.run_dir.empty() || !acc_->is_main()) return;
-    std::ofstream out(options_.run_dir / "gradients.jsonl", std::ios::app);
-    for (const auto& h : diag.last_report())
-      out << json_line()
-                 .add("step", step)
-                 .add("module", h.module)
-                 .add("grad_norm", h.grad_norm)
-                 .add("param_norm", h.param_norm)
-                 .add("update_ratio", h.update_ratio)
-                 .str()
-          << '\n';
-  }
-
-  // Prepares the run directory; returns the step to start from (> 0 when resuming).
+  // Continues the run saved in `run`: model, accelerator (optimizer, scaler, step), data
+  // position and RNG, as they were at the save. Returns the step it continues from.
   template <class Loader>
-  std::int64_t open_run_dir(torch::nn::Module& module, Loader& train) {
-    namespace fs = std::filesystem;
-    const auto& dir = options_.run_dir;
-    if (fs::exists(dir)) {
-      const bool finished = fs::exists(dir / "summary.json");
-      const bool has_state = fs::exists(dir / "state.pt");
-      if (options_.resume && has_state && !finished) {
-        const auto saved = fs::exists(dir / "fingerprint.txt") ? detail::read_text(dir / "fingerprint.txt") : "";
-        if (saved != options_.fingerprint)
-          throw config_error("cannot resume " + dir.string() + ": it holds a run of a different recipe (" +
-                             detail::first_difference(saved, options_.fingerprint) +
-                             "); set [run] resume = \"never\" to start afresh (the old run is kept) or choose "
-                             "another [run] dir");
-        return resume_if_saved(module, train);
-      }
-      if (!fs::is_empty(dir)) {
-        auto kept = detail::keep_previous_run(dir);
-        std::fprintf(stderr, "kiln: the previous run in %s was moved to %s\n", dir.c_str(), kept.c_str());
-      }
-    }
-    fs::create_directories(dir);
-    detail::write_text(dir / "recipe.toml", options_.recipe_text);
-    detail::write_text(dir / "fingerprint.txt", options_.fingerprint);
-    return 0;
-  }
-
-  template <class Loader>
-  std::int64_t resume_if_saved(torch::nn::Module& module, Loader& train) {
-    const auto file = options_.run_dir / "state.pt";
-    if (!std::filesystem::exists(file)) return 0;
-    auto state = load_state_file(file);
+  std::int64_t resume(const run_directory& run, torch::nn::Module& module, Loader& train) {
+    if (!run.has_state()) return 0;
+    auto state = run.load_state();
     load_module(module, state, "model/");
     acc_->load_state(state);
     train.load_state(state, "data/");
@@ -468,23 +388,25 @@ class trainer {
       cuda_generator.set_state(cuda->second);
     }
     const auto step = acc_->optimizer_steps();
-    metrics_log::truncate_after_step(options_.run_dir / "metrics.jsonl", step);
-    std::fprintf(stderr, "kiln: resuming %s at step %lld\n", options_.run_dir.c_str(), (long long)step);
+    if (acc_->is_main()) run.resume_metrics_at(step);
+    std::fprintf(stderr, "kiln: resuming %s at step %lld\n", run.path().c_str(), (long long)step);
     return step;
   }
 
+  // Everything resume() restores.
   template <class Loader>
-  void save(const torch::nn::Module& module, const Loader& train) {
+  state_dict collect_state(const torch::nn::Module& module, const Loader& train) const {
     state_dict state;
     save_module(module, state, "model/");
     acc_->save_state(state);
     train.save_state(state, "data/");
     state["rng/cpu"] = at::globalContext().defaultGenerator(torch::kCPU).get_state();
     if (acc_->device().is_cuda()) state["rng/cuda"] = at::globalContext().defaultGenerator(acc_->device()).get_state();
-    save_state_file(options_.run_dir / "state.pt", state);
+    return state;
   }
 
-  void write_summary(const fit_summary& s) {
+  // summary.json: the run's final figures and what the sharding policy's collectives cost.
+  json_line summary_json(const fit_summary& s) const {
     json_line line;
     line.add("steps", s.steps).add("seconds", s.seconds).add("final_train_loss", s.final_train_loss);
     if (s.threads > 0) line.add("threads", static_cast<std::int64_t>(s.threads)).add("thread_changes", s.thread_changes);
@@ -502,7 +424,7 @@ class trainer {
       line.add("parameter_averages", sharding.parameter_averages());
     if constexpr (requires { sharding.collective_bytes(); }) line.add("collective_bytes", sharding.collective_bytes());
     if constexpr (requires { sharding.allreduce_wait_s(); }) line.add("allreduce_wait_s", sharding.allreduce_wait_s());
-    detail::write_text(options_.run_dir / "summary.json", line.str() + "\n");
+    return line;
   }
 
   trainer_options options_;

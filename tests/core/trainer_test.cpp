@@ -98,6 +98,36 @@ TORCH_MODULE(own_check);
 }  // namespace
 
 TEST_SUITE("trainer") {
+  TEST_CASE("a run directory: written afresh, resumed only from a saved state of the same recipe, older runs kept") {
+    const auto dir = fresh_dir("run-directory");
+    const kiln::run_directory first(dir, "[recipe]\nname = \"a\"\n", "model: mlp\n");
+    CHECK_FALSE(first.open(true));  // nothing there: a fresh run
+    CHECK(kiln::detail::read_text(dir / "recipe.toml") == "[recipe]\nname = \"a\"\n");
+    CHECK(kiln::detail::read_text(dir / "fingerprint.txt") == "model: mlp\n");
+    CHECK_FALSE(first.has_state());
+    first.save_state({{"w", torch::arange(3)}});
+    REQUIRE(first.has_state());
+    CHECK(torch::equal(first.load_state().at("w"), torch::arange(3)));
+
+    // The same recipe with a saved state, unfinished: resumed, nothing moved.
+    CHECK(first.open(true));
+    CHECK_FALSE(fs::exists(fs::path(dir.string() + ".1")));
+    // Another recipe: refused, naming the first line that differs; the run stays as it was.
+    const kiln::run_directory other(dir, "[recipe]\nname = \"b\"\n", "model: cnn\n");
+    CHECK_THROWS_WITH_AS(other.open(true), doctest::Contains("saved: \"model: mlp\", now: \"model: cnn\""),
+                         kiln::config_error);
+    CHECK(first.has_state());
+    // resume = never, or a finished run: the old one is moved aside and the directory starts afresh.
+    CHECK_FALSE(other.open(false));
+    CHECK(fs::exists(fs::path(dir.string() + ".1") / "state.pt"));
+    CHECK(kiln::detail::read_text(dir / "fingerprint.txt") == "model: cnn\n");
+    other.save_state({{"w", torch::zeros(1)}});
+    other.write_summary(kiln::json_line().add("steps", std::int64_t{1}));
+    CHECK_FALSE(other.open(true));  // finished: never resumed
+    CHECK(fs::exists(fs::path(dir.string() + ".2") / "summary.json"));
+    for (const auto* suffix : {"", ".1", ".2"}) fs::remove_all(dir.string() + suffix);
+  }
+
   TEST_CASE("2N steps straight equal N steps, stop, resume, N steps") {
     const std::int64_t n = 30;
     std::map<std::int64_t, double> straight, resumed;
