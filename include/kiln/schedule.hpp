@@ -57,11 +57,6 @@ void describe_warmup(V& v, std::int64_t& warmup_steps) {
   v.field("warmup_steps", warmup_steps, "optimizer steps of linear warmup", kiln::checks::non_negative);
 }
 
-template <class V>
-void describe_min_factor(V& v, double& min_factor) {
-  v.field("min_factor", min_factor, "final lr as a fraction of the base lr", kiln::checks::in_range(0.0, 1.0));
-}
-
 }  // namespace detail
 
 struct constant {
@@ -77,38 +72,37 @@ struct constant {
   }
 };
 
-struct linear {
+// A linear warmup, then a decay of the given shape down to min_factor: linear and cosine.
+template <class Shape>
+struct decay {
+  static constexpr std::string_view kind = Shape::kind;
+  std::int64_t warmup_steps = 0;
+  double min_factor = 0.0;
+
+  template <class V>
+  void describe(V& v) {
+    detail::describe_warmup(v, warmup_steps);
+    v.field("min_factor", min_factor, "final lr as a fraction of the base lr", kiln::checks::in_range(0.0, 1.0));
+  }
+  double factor(std::int64_t step, std::int64_t total) const {
+    if (step < warmup_steps) return detail::warmup_factor(step, warmup_steps);
+    return min_factor + (1.0 - min_factor) * Shape::at(detail::decay_progress(step, total, warmup_steps));
+  }
+};
+
+namespace detail {
+struct linear_shape {
   static constexpr std::string_view kind = "linear";
-  std::int64_t warmup_steps = 0;
-  double min_factor = 0.0;
-
-  template <class V>
-  void describe(V& v) {
-    detail::describe_warmup(v, warmup_steps);
-    detail::describe_min_factor(v, min_factor);
-  }
-  double factor(std::int64_t step, std::int64_t total) const {
-    if (step < warmup_steps) return detail::warmup_factor(step, warmup_steps);
-    return min_factor + (1.0 - min_factor) * (1.0 - detail::decay_progress(step, total, warmup_steps));
-  }
+  static double at(double progress) { return 1.0 - progress; }
 };
-
-struct cosine {
+struct cosine_shape {  // half a cosine
   static constexpr std::string_view kind = "cosine";
-  std::int64_t warmup_steps = 0;
-  double min_factor = 0.0;
-
-  template <class V>
-  void describe(V& v) {
-    detail::describe_warmup(v, warmup_steps);
-    detail::describe_min_factor(v, min_factor);
-  }
-  double factor(std::int64_t step, std::int64_t total) const {
-    if (step < warmup_steps) return detail::warmup_factor(step, warmup_steps);
-    const double shape = 0.5 * (1.0 + std::cos(std::numbers::pi * detail::decay_progress(step, total, warmup_steps)));
-    return min_factor + (1.0 - min_factor) * shape;
-  }
+  static double at(double progress) { return 0.5 * (1.0 + std::cos(std::numbers::pi * progress)); }
 };
+}  // namespace detail
+
+using linear = decay<detail::linear_shape>;
+using cosine = decay<detail::cosine_shape>;
 
 }  // namespace schedules
 
