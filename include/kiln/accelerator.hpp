@@ -13,6 +13,11 @@
 //
 // Without accumulate(), call acc.step() after every backward(): it steps the optimizer only
 // on the last micro-step of each accumulation window. kiln::trainer is built on this class.
+//
+// With a profiler policy (kiln::profiler::profile<...>), backward() and step() time their own
+// phases and end the profiler's step; mark the others with `auto p = acc.phase(kiln::phase::data);`
+// and call `acc.profiler().finish(dir)` at the end for the report. kiln::diagnostics
+// (kiln/diagnostics.hpp) works on such a loop the same way.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +50,47 @@ namespace detail {
 // true`), and the ranks need not agree on it every step.
 template <class P>
 inline constexpr bool always_finite = requires { requires P::always_finite; };
+
+// A profiler phase as a scope; nothing at all under a profiler that is not enabled.
+template <class Profiler>
+class phase_scope {
+ public:
+  phase_scope(Profiler& profiler, kiln::phase p) : profiler_(profiler), phase_(p) { profiler_.begin(phase_); }
+  phase_scope(const phase_scope&) = delete;
+  phase_scope& operator=(const phase_scope&) = delete;
+  ~phase_scope() { profiler_.end(phase_); }
+
+ private:
+  Profiler& profiler_;
+  kiln::phase phase_;
+};
+struct no_phase_scope {
+  ~no_phase_scope() {}  // not trivial: `auto scope = acc.phase(...)` is not an unused variable
+};
 }  // namespace detail
+
+// Whether an accumulation policy skips an epoch's last, short window (its optional
+// drop_partial_window()) rather than stepping over what it holds.
+template <class Accumulation>
+bool drops_partial_window(const Accumulation& policy) {
+  if constexpr (requires { policy.drop_partial_window(); }) return policy.drop_partial_window();
+  else return false;
+}
+
+// Optimizer steps in an epoch of `batches` micro-batches, as accelerator::plan_window makes
+// them: an epoch's last, shorter window counts when it is stepped, not when the policy drops it.
+// 0 when the policy drops every window (fewer batches than one window holds).
+template <class Accumulation>
+std::int64_t optimizer_steps_per_epoch(const Accumulation& policy, std::int64_t batches) {
+  const std::int64_t n = policy.micro_steps();
+  return drops_partial_window(policy) ? batches / n : (batches + n - 1) / n;
+}
+
+// How the next accumulation window is made (accelerator::plan_window).
+struct window_plan {
+  std::int64_t micro_batches = 1;   // micro-batches in it
+  bool skip_rest_of_epoch = false;  // take them from the next epoch: this one's rest is too short
+};
 
 template <class... Ps>
 class accelerator {
@@ -150,6 +195,8 @@ class accelerator {
         };
     micro_ = 0;
     window_ = accumulation_.micro_steps();
+    if constexpr (requires { profiler_.attach(profiler::profile_context{}); })
+      profiler_.attach({&model, rank(), [this] { return optimizer_.state_bytes(); }});
   }
   template <class M>
   void prepare(torch::nn::ModuleHolder<M>& model) {
@@ -163,9 +210,27 @@ class accelerator {
   // The precision policy's autocast scope; keep forward and loss inside it.
   auto autocast() const { return precision_.autocast(); }
 
+  // The profiler's phase `p` as a scope, for the phases only the loop sees (data, forward).
+  [[nodiscard]] auto phase(kiln::phase p) {
+    if constexpr (profiler_t::enabled) return detail::phase_scope<profiler_t>(profiler_, p);
+    else return detail::no_phase_scope{};
+  }
+
   // True when the current micro-step is the last of its accumulation window: its backward
   // synchronises gradients and the following step() updates the parameters.
   bool is_sync_step() const { return micro_ == window_ - 1; }
+
+  // The window that starts now, with `batches_left` micro-batches left in the loader's epoch: the
+  // policy's N, or an epoch's last, shorter window, stepped over what it holds (begun here) or,
+  // where the policy drops it, skipped (the N then come from the next epoch). The one place that
+  // decides a window's length; kiln::optimizer_steps_per_epoch() counts what it decides.
+  window_plan plan_window(std::int64_t batches_left) {
+    const auto n = accumulation_.micro_steps();
+    if (batches_left <= 0 || batches_left >= n) return {n, false};
+    if (drops_partial_window(accumulation_)) return {n, true};
+    begin_window(batches_left);
+    return {batches_left, false};
+  }
 
   // Makes the window that starts now `micro_batches` long instead of the policy's N: an
   // epoch's last, shorter window. Its gradient is still normalised over what it holds.
@@ -180,6 +245,7 @@ class accelerator {
   // `loss` is the mean over `items` of the accumulation policy's unit (samples or tokens; left
   // at 1 when the policy normalises by micro-batches).
   void backward(const torch::Tensor& loss, double items = 1.0) {
+    auto timed = phase(kiln::phase::backward);
     auto scaled = precision_.scale(accumulation_.normalize(loss, items, gradient_rank_mean_));
     if (is_sync_step()) {
       scaled.backward();
@@ -200,33 +266,37 @@ class accelerator {
     }
     micro_ = 0;
     window_ = accumulation_.micro_steps();
-    // Uneven micro-batches (or ranks) under sample/token normalisation; exactly 1.0 otherwise.
-    if (const double correction = accumulation_.end_window(gradient_rank_mean_); correction != 1.0)
-      for (auto& p : params_)
-        if (p.grad().defined()) p.grad().mul_(correction);
-    bool finite = precision_.unscale_and_check(params_);
-    // Every rank must skip the same steps: one small all-reduce, unless the precision policy
-    // can never skip one.
-    if constexpr (!detail::always_finite<precision_t>) finite = sharding_.all_ranks_true(finite);
-    precision_.update(finite);
-    result.lr = optimizer_.base_lr() * settings_.scheduler.factor(step_, settings_.total_steps);
-    if (finite) {
-      if (settings_.clip_grad_norm > 0)
-        result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
-      optimizer_.set_lr(result.lr);
-      optimizer_.step();
-      result.stepped = true;
-    } else {
-      result.skipped = true;
+    {
+      auto timed = phase(kiln::phase::optimizer);
+      // Uneven micro-batches (or ranks) under sample/token normalisation; exactly 1.0 otherwise.
+      if (const double correction = accumulation_.end_window(gradient_rank_mean_); correction != 1.0)
+        for (auto& p : params_)
+          if (p.grad().defined()) p.grad().mul_(correction);
+      bool finite = precision_.unscale_and_check(params_);
+      // Every rank must skip the same steps: one small all-reduce, unless the precision policy
+      // can never skip one.
+      if constexpr (!detail::always_finite<precision_t>) finite = sharding_.all_ranks_true(finite);
+      precision_.update(finite);
+      result.lr = optimizer_.base_lr() * settings_.scheduler.factor(step_, settings_.total_steps);
+      if (finite) {
+        if (settings_.clip_grad_norm > 0)
+          result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
+        optimizer_.set_lr(result.lr);
+        optimizer_.step();
+        result.stepped = true;
+      } else {
+        result.skipped = true;
+      }
+      optimizer_.zero_grad();
+      ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
+      // Sharding that synchronises parameters rather than gradients (local SGD) does it here, on the
+      // weights the optimizer updates (bf16-pure's fp32 masters, not their rounding in the model) ...
+      if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps, params_); })
+        sharding_.after_optimizer_step(step_, settings_.total_steps, params_);
+      // ... and a precision policy that keeps its own weights rounds them into the model after that.
+      if constexpr (requires { precision_.after_step(); }) precision_.after_step();
     }
-    optimizer_.zero_grad();
-    ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
-    // Sharding that synchronises parameters rather than gradients (local SGD) does it here, on the
-    // weights the optimizer updates (bf16-pure's fp32 masters, not their rounding in the model) ...
-    if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps, params_); })
-      sharding_.after_optimizer_step(step_, settings_.total_steps, params_);
-    // ... and a precision policy that keeps its own weights rounds them into the model after that.
-    if constexpr (requires { precision_.after_step(); }) precision_.after_step();
+    if constexpr (profiler_t::enabled) profiler_.on_step_end(step_);
     return last_ = result;
   }
 

@@ -30,6 +30,15 @@ struct profiler { static constexpr std::string_view name = "profiler"; };
 // Phases of a training step, as the profiler axis sees them.
 enum class phase { data, forward, backward, optimizer, communication, evaluation };
 
+namespace profiler {
+// What a profiler's optional attach() learns about the run when accelerator::prepare() runs.
+struct profile_context {
+  torch::nn::Module* model = nullptr;
+  std::int64_t rank = 0;
+  std::function<std::int64_t()> optimizer_state_bytes;
+};
+}  // namespace profiler
+
 // What the loss of one micro-batch is a mean over, as the accumulation axis normalises it:
 // the micro-batch itself (a plain mean over micro-batches), its samples, or its tokens
 // (targets other than the loss's ignore index, -100).
@@ -69,6 +78,15 @@ concept precision_policy =
       { p.unscale_and_check(params) } -> std::same_as<bool>;     // true when every gradient is finite
       p.update(finite);                                          // after the (rank-agreed) finite check
     };
+// Optional, called when present:
+//   static constexpr bool always_finite = true     never skips a step: the ranks need not agree on it
+//   void use_device(const torch::Device&)          learns the device; refuses one it cannot run on
+//   prepare(torch::nn::Module&, named parameters) -> named parameters (a vector of name, tensor pairs):
+//                                                  keeps weights of its own (bf16-pure's fp32 masters),
+//                                                  which the optimizer then updates instead
+//   bool kahan_summation() const                   asks the optimizer for Kahan-summed updates
+//   void after_step()                              after each update (round its weights into the model)
+//   void save_state(state_dict&, const std::string& prefix) const, void load_state(const state_dict&, prefix)
 
 // accumulation: how many micro-batches make one optimizer step and how the loss is normalised.
 template <class P>
@@ -80,6 +98,8 @@ concept accumulation_policy =
       { p.normalize(loss, items, mean) } -> std::convertible_to<torch::Tensor>;  // loss to call backward on
       { p.end_window(mean) } -> std::convertible_to<double>;  // factor the window's gradients still need
     };
+// Optional: bool drop_partial_window() const (skip an epoch's last, short window instead of
+// stepping over what it holds); save_state / load_state as above.
 
 // checkpointing: which sub-modules recompute their forward in backward.
 template <class P>
@@ -102,6 +122,15 @@ concept sharding_policy =
       { p.all_ranks_true(flag) } -> std::same_as<bool>;  // logical AND over ranks
       { p.sum_over_ranks(t) } -> std::convertible_to<torch::Tensor>;
     };
+// Optional:
+//   static constexpr bool averages_gradients       gradients are averaged over ranks (sample and
+//                                                  token counts are then averaged alike)
+//   static constexpr bool distributed              needs a process group (`kiln launch`)
+//   void attach(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& compensations)
+//   void after_optimizer_step(std::int64_t step, std::int64_t total_steps, std::vector<torch::Tensor>& params)
+//                                                  synchronises parameters rather than gradients (local SGD)
+//   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(), allreduce_wait_s()
+//                                                  what its collectives cost, written to summary.json
 
 // optimizer: the update rule over the parameters it is attached to, and its state.
 template <class P>
@@ -115,6 +144,9 @@ concept optimizer_policy =
       { cp.base_lr() } -> std::convertible_to<double>;
       { cp.state_bytes() } -> std::convertible_to<std::int64_t>;
     };
+// Optional: void use_kahan_summation(bool) (Kahan-summed bf16 updates, for bf16-pure's kahan = true),
+// std::vector<torch::Tensor> compensations() (their buffers, which the sharding policy keeps in step),
+// save_state / load_state as above.
 
 // profiler: hooks around phases and steps. `enabled == false` promises the hooks are empty,
 // and the loop then does not even call them (if constexpr).
@@ -127,6 +159,10 @@ concept profiler_policy =
       p.end(ph);
       p.on_step_end(step);
     };
+// Optional: void attach(const profiler::profile_context&) (the model, the rank and the optimizer's
+// state size, given by accelerator::prepare), void finish(const std::filesystem::path& dir) (report
+// and files, called by fit() at the end), set_gradient_health(rows, warnings) (the diagnostics'
+// last report, shown in it).
 
 namespace detail {
 

@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include "kiln/callbacks.hpp"
 #include "kiln/errors.hpp"
 
 namespace kiln {
@@ -70,7 +71,7 @@ class json_line {
 class metrics_log {
  public:
   metrics_log() = default;
-  explicit metrics_log(const std::filesystem::path& file) : path_(file), out_(file, std::ios::app) {
+  explicit metrics_log(const std::filesystem::path& file) : out_(file, std::ios::app) {
     if (!out_) throw error("cannot open " + file.string() + " for appending");
   }
   void write(const json_line& line) {
@@ -79,29 +80,7 @@ class metrics_log {
     out_.flush();
   }
 
-  // On resume: drop lines a killed run wrote after its last saved state, so the file reads as
-  // one uninterrupted run. Rewritten through a temporary file; the original stays until then.
-  static void truncate_after_step(const std::filesystem::path& file, std::int64_t step) {
-    if (!std::filesystem::exists(file)) return;
-    std::ifstream in(file);
-    std::vector<std::string> kept;
-    for (std::string line; std::getline(in, line);) {
-      auto at = line.find("\"step\": ");
-      if (at != std::string::npos && std::stoll(line.substr(at + 8)) > step) continue;
-      kept.push_back(line);
-    }
-    auto tmp = file;
-    tmp += ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      for (const auto& line : kept) out << line << '\n';
-      if (!out) throw error("cannot rewrite " + file.string());
-    }
-    std::filesystem::rename(tmp, file);
-  }
-
  private:
-  std::filesystem::path path_;
   std::ofstream out_;
 };
 
@@ -178,6 +157,72 @@ class progress_display {
   std::int64_t start_step_ = 0;
   std::int64_t total_ = 0;
   std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// The progress display as the trainer's first callback: the live step line, evaluation lines,
+// and the printer other callbacks write through.
+class progress_callback : public callback {
+ public:
+  progress_callback(bool live, bool results, std::int64_t log_every)
+      : display_(live, results), log_every_(log_every) {}
+
+  line_printer printer() {
+    return line_printer{[this](const std::string& text) { display_.print(text); }};
+  }
+  double steps_per_second(std::int64_t step) const { return display_.steps_per_second(step); }
+
+  void on_fit_begin(std::int64_t start_step, std::int64_t total_steps) override {
+    display_.begin(start_step, total_steps);
+  }
+  control on_step_end(const step_info& s) override {
+    display_.update(s.step, s.loss, s.lr, s.step % log_every_ == 0 || s.step == s.total_steps);
+    return control::proceed;
+  }
+  control on_eval(const eval_info& e) override {
+    char loss[64];
+    std::snprintf(loss, sizeof loss, "eval @ step %lld: loss %.4f", (long long)e.step, e.loss);
+    display_.print(std::string(loss) + e.metrics_text() + " (" + std::to_string(e.samples) + " items)");
+    return control::proceed;
+  }
+  void on_fit_end(const fit_summary&) override { display_.end(); }
+
+ private:
+  progress_display display_;
+  std::int64_t log_every_;
+};
+
+// metrics.jsonl as a callback: every `log_every` steps (and the last) a line with the mean loss
+// since the previous one, and a line per evaluation.
+class metrics_callback : public callback {
+ public:
+  metrics_callback(metrics_log log, std::int64_t log_every) : log_(std::move(log)), log_every_(log_every) {}
+
+  control on_step_end(const step_info& s) override {
+    loss_sum_ += s.loss;
+    ++steps_;
+    if (s.step % log_every_ != 0 && s.step != s.total_steps) return control::proceed;
+    json_line line;
+    line.add("step", s.step).add("epoch", s.epoch).add("loss", loss_sum_ / static_cast<double>(steps_)).add("lr", s.lr);
+    if (s.grad_norm >= 0) line.add("grad_norm", s.grad_norm);
+    line.add("steps_per_s", s.steps_per_second);
+    log_.write(line);
+    loss_sum_ = 0.0;
+    steps_ = 0;
+    return control::proceed;
+  }
+  control on_eval(const eval_info& e) override {
+    json_line line;
+    line.add("step", e.step).add("eval_loss", e.loss);
+    for (const auto& m : e.metrics) line.add("eval_" + m.name, m.value);
+    log_.write(line);
+    return control::proceed;
+  }
+
+ private:
+  metrics_log log_;
+  std::int64_t log_every_;
+  double loss_sum_ = 0.0;  // step losses since the last line
+  std::int64_t steps_ = 0;
 };
 
 }  // namespace kiln

@@ -117,7 +117,17 @@ class run_directory {
 
   // Resuming at `step`: the metrics a killed run logged after its last save are dropped, so
   // metrics.jsonl reads as one uninterrupted run.
-  void resume_metrics_at(std::int64_t step) const { metrics_log::truncate_after_step(dir_ / "metrics.jsonl", step); }
+  void resume_metrics_at(std::int64_t step) const {
+    const auto file = dir_ / "metrics.jsonl";
+    if (!std::filesystem::exists(file)) return;
+    std::istringstream lines(detail::read_text(file));
+    std::string kept;
+    for (std::string line; std::getline(lines, line);) {
+      const auto at = line.find("\"step\": ");
+      if (at == std::string::npos || std::stoll(line.substr(at + 8)) <= step) kept += line + '\n';
+    }
+    detail::write_text(file, kept);
+  }
   metrics_log metrics() const { return empty() ? metrics_log() : metrics_log(dir_ / "metrics.jsonl"); }
 
   void append_gradients(std::int64_t step, const std::vector<layer_health>& report) const {

@@ -5,8 +5,9 @@
 //   auto summary = trainer.fit(model, train_loader, &test_data);   // or torch::nn::AnyModule(model)
 //
 // fit() drives an accelerator of the same policies: micro-steps, optimizer steps, the
-// schedule, evaluation, the progress display, metrics.jsonl, periodic atomic saves and
-// exact resume. Callbacks observe every step and evaluation and may stop the run.
+// schedule, evaluation (a tensor pair, a dataset or a loader), the progress display,
+// metrics.jsonl, periodic atomic saves and exact resume. Callbacks observe every step and
+// evaluation and may stop the run.
 #pragma once
 
 #include <chrono>
@@ -24,6 +25,7 @@
 
 #include "kiln/accelerator.hpp"
 #include "kiln/callbacks.hpp"
+#include "kiln/data/dataset.hpp"
 #include "kiln/data/loader.hpp"
 #include "kiln/data/tensor_pair.hpp"
 #include "kiln/diagnostics.hpp"
@@ -81,14 +83,23 @@ inline double loss_items(loss_unit unit, const torch::Tensor& targets, const los
   return 1.0;
 }
 
-// Optimizer steps in one epoch of `batches` micro-batches: an epoch's last, shorter window
-// counts when it is stepped, not when the policy drops it.
-template <class Accumulation>
-std::int64_t optimizer_steps_per_epoch(const Accumulation& policy, std::int64_t batches) {
-  const std::int64_t n = policy.micro_steps();
-  bool drop = false;
-  if constexpr (requires { policy.drop_partial_window(); }) drop = policy.drop_partial_window();
-  return drop ? batches / n : (batches + n - 1) / n;
+// Samples [begin, end) of a dataset as one batch: views where the dataset slices (in memory),
+// one gather where it gathers, else stacked from get().
+template <data::dataset Dataset>
+data::batch rows(const Dataset& data, std::int64_t begin, std::int64_t end) {
+  if constexpr (requires { data.slice(begin, end); }) {
+    return data.slice(begin, end);
+  } else if constexpr (data::gathers_batches<Dataset>) {
+    return data.gather(torch::arange(begin, end, torch::kLong));
+  } else {
+    collator out;
+    for (std::int64_t i = begin; i < end; ++i) {
+      const data::example e = data.get(i);
+      if (i == begin) out = collator(end - begin, e);
+      out.put(i - begin, i, e);
+    }
+    return out.take();
+  }
 }
 
 // What a failed micro-step says: where it was, then the cause (first lines only: LibTorch's
@@ -134,194 +145,197 @@ class trainer {
   accelerator_t& accel() { return *acc_; }
 
   // Trains `model` on batches from `train` until options.steps optimizer steps are done (or a
-  // callback stops it), evaluating on `eval` when given.
-  // `model` is a ModuleHolder or an AnyModule, also a temporary one.
-  template <class Model, data::batch_source Loader>
-  fit_summary fit(Model&& model, Loader& train, const data::tensor_pair* eval = nullptr) {
+  // callback stops it), evaluating on `eval` when given: a tensor pair, a dataset or a loader
+  // (see evaluate). `model` is a ModuleHolder or an AnyModule, also a temporary one.
+  //
+  // The loop: open the run directory (resuming where it left off), then per step train_step()
+  // (data, forward, loss, backward, update), the callbacks (the progress display and
+  // metrics.jsonl are the first two), evaluation when due, a save when due; at the end the
+  // profiler's report, the final state and summary.json.
+  template <class Model, data::batch_source Loader, class Eval = const data::tensor_pair>
+  fit_summary fit(Model&& model, Loader& train, Eval* eval = nullptr) {
     if (options_.steps <= 0) throw config_error("trainer: options.steps must be > 0 (set [train] steps or epochs)");
-    auto& acc = *acc_;
     auto& module = *model.ptr();
-    acc.prepare(module);
+    acc_->prepare(module);
     module.train();
-
-    const bool main = acc.is_main();
+    const bool main = acc_->is_main();
     const run_directory run(options_.run_dir, options_.recipe_text, options_.fingerprint);
-    std::int64_t step = 0;
-    if (!run.empty() && main && run.open(options_.resume)) step = resume(run, module, train);
-    if (!run.empty() && acc.world_size() > 1) {
-      // Rank 0 decided whether to resume (and moved an old run away); the others follow it, after
-      // it is done with the directory: the sum is over ranks, so it waits for rank 0.
-      const auto agreed = acc.sum_over_ranks(torch::full({1}, main ? static_cast<double>(step) : 0.0,
-                                                         torch::kFloat64));
-      if (!main && agreed.template item<double>() > 0) step = resume(run, module, train);
-    }
-    metrics_log metrics = main ? run.metrics() : metrics_log();
+    std::int64_t step = open_run(run, module, train);
 
-    progress_display progress(options_.progress && main, main);
-    const line_printer printer{[&progress](const std::string& text) { progress.print(text); }};
-    progress.begin(step, options_.steps);
-    for (auto& c : callbacks_) c->on_fit_begin(step, options_.steps);
-
-    const auto micro_steps = acc.accumulation().micro_steps();
-    const auto unit = acc.accumulation().unit();
-    bool drop_partial_window = false;
-    if constexpr (requires { acc.accumulation().drop_partial_window(); })
-      drop_partial_window = acc.accumulation().drop_partial_window();
-    const auto steps_per_epoch =
-        std::max<std::int64_t>(1, detail::optimizer_steps_per_epoch(acc.accumulation(), train.batches_per_epoch()));
-    const auto eval_every = options_.eval_every > 0 ? options_.eval_every : steps_per_epoch;
-    const auto started = std::chrono::steady_clock::now();
-    auto& profiler = acc.profiler();
-    using profiler_t = typename accelerator_t::profiler_t;
-    if constexpr (requires { profiler.attach(profiler::profile_context{}); })
-      profiler.attach({&module, acc.rank(), [&acc] { return acc.optimizer().state_bytes(); }});
+    auto progress = std::make_shared<progress_callback>(options_.progress && main, main, options_.log_every);
+    std::vector<std::shared_ptr<callback>> observers{
+        progress, std::make_shared<metrics_callback>(main ? run.metrics() : metrics_log(), options_.log_every)};
+    observers.insert(observers.end(), callbacks_.begin(), callbacks_.end());
+    const line_printer printer = progress->printer();
+    for (auto& c : observers) c->on_fit_begin(step, options_.steps);
 
     // Diagnostics cost nothing unless enabled: no hooks, no checks, not even the object.
-    std::optional<diagnostics> diag;
+    diagnostics_.reset();
     if (options_.diagnostics.every > 0 || options_.diagnostics.anomaly) {
-      diag.emplace(options_.diagnostics);
-      diag->attach(module);
+      diagnostics_.emplace(options_.diagnostics);
+      diagnostics_->attach(module);
     }
-
     std::optional<thread_budget> threads;
     if (options_.threads) threads.emplace(*options_.threads);
+    const auto eval_every = options_.eval_every > 0 ? options_.eval_every
+                                                    : std::max<std::int64_t>(1, optimizer_steps_per_epoch(
+                                                          acc_->accumulation(), train.batches_per_epoch()));
+    const auto started = std::chrono::steady_clock::now();
 
     fit_summary summary;
-    torch::Tensor loss_sum;  // sum of micro-batch losses weighted by their items
-    double loss_window = 0.0;  // sum of step losses since the last log line
-    std::int64_t steps_in_window = 0;
     bool stop = false;
+    auto notify = [&](auto hook) {
+      for (auto& c : observers) stop = (hook(*c) == control::stop) || stop;
+    };
     while (step < options_.steps && !stop) {
-      loss_sum = torch::Tensor();
-      double items_sum = 0;
-      // An epoch's last window may be short: stepped over what it holds, or skipped.
-      std::int64_t window = micro_steps;
-      if (const auto left = train.batches_left_in_epoch(); left > 0 && left < micro_steps) {
-        if (drop_partial_window) train.skip_rest_of_epoch();
-        else window = left;
-      }
-      if (window != micro_steps) acc.begin_window(window);
-      for (std::int64_t micro = 0; micro < window; ++micro) {
-        static constexpr const char* forward_phase = "forward (model and loss)";
-        const char* doing = "loading the batch";  // named by the step's error, if one is thrown
-        torch::Tensor inputs, targets;
-        auto forward_loss = [&] {
-          auto cast = acc.autocast();
-          return options_.loss(detail::forward(model, inputs), targets);
-        };
-        // Where in the model a forward failed, found by running it again under observation.
-        auto failed_at = [&]() -> std::optional<failure_site> {
-          if (doing != forward_phase) return std::nullopt;
-          return diagnostics::locate_failure(module, [&] { (void)forward_loss(); });
-        };
-        try {
-          if constexpr (profiler_t::enabled) profiler.begin(phase::data);
-          auto batch = train.next();
-          // On the model's device (the data phase includes the copy to a GPU).
-          inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
-          if constexpr (profiler_t::enabled) profiler.end(phase::data), profiler.begin(phase::forward);
-          doing = forward_phase;
-          torch::Tensor loss;
-          {
-            auto watch = diag ? diag->watch_forward(step + 1) : diagnostics::forward_watch();
-            loss = forward_loss();
-          }
-          if constexpr (profiler_t::enabled) profiler.end(phase::forward), profiler.begin(phase::backward);
-          doing = "backward";
-          const double items = detail::loss_items(unit, targets, options_.loss);
-          acc.backward(loss, items);
-          if constexpr (profiler_t::enabled) profiler.end(phase::backward), profiler.begin(phase::optimizer);
-          // Summed on the device, read once per step: no extra op without accumulation.
-          auto weighted = items == 1.0 ? loss.detach() : loss.detach() * items;
-          loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-          items_sum += items;
-          if (diag && acc.is_sync_step()) diag->after_backward(step + 1);  // gradients complete
-          doing = "the optimizer step";
-          acc.step();
-          if (diag && acc.optimizer_steps() == step + 1) diag->after_step(step + 1);
-          if constexpr (profiler_t::enabled) profiler.end(phase::optimizer);
-        } catch (const c10::Error& e) {
-          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what_without_backtrace(), failed_at()));
-        } catch (const kiln::error&) {
-          throw;  // already names its cause
-        } catch (const std::exception& e) {
-          throw step_error(detail::step_failure(step + 1, micro, window, doing, e.what(), failed_at()));
-        }
-      }
-      const auto& result = acc.last_step();
-      step = acc.optimizer_steps();
+      step_info info = train_step(model, train);
+      step = info.step;
       if (threads) threads->between_steps();
-      if constexpr (profiler_t::enabled) profiler.on_step_end(step);
-
-      step_info info;
-      info.print = printer;
-      info.step = step;
       info.total_steps = options_.steps;
-      info.epoch = train.epoch();
-      info.loss = loss_sum.item<double>() / items_sum;
-      info.lr = result.lr;
-      info.grad_norm = result.grad_norm;
-      info.skipped = result.skipped;
-      info.steps_per_second = progress.steps_per_second(step);
-      loss_window += info.loss;
-      ++steps_in_window;
+      info.steps_per_second = progress->steps_per_second(step);
+      info.print = printer;
       summary.final_train_loss = info.loss;
-
-      const bool log_step = step % options_.log_every == 0 || step == options_.steps;
-      progress.update(step, info.loss, info.lr, log_step);
-      if (log_step) {
-        json_line line;
-        line.add("step", step).add("epoch", info.epoch).add("loss", loss_window / steps_in_window).add("lr", info.lr);
-        if (info.grad_norm >= 0) line.add("grad_norm", info.grad_norm);
-        line.add("steps_per_s", info.steps_per_second);
-        metrics.write(line);
-        loss_window = 0.0;
-        steps_in_window = 0;
+      notify([&](callback& c) { return c.on_step_end(info); });
+      if (diagnostics_ && diagnostics_->due(step)) {
+        for (const auto& w : diagnostics_->warnings()) printer("kiln: warning: " + w);
+        if (main) run.append_gradients(step, diagnostics_->last_report());
       }
-      if (diag && diag->due(step)) {
-        for (const auto& w : diag->warnings()) progress.print("kiln: warning: " + w);
-        if (main) run.append_gradients(step, diag->last_report());
-      }
-      for (auto& c : callbacks_) stop = (c->on_step_end(info) == control::stop) || stop;
-
       if (eval && (step % eval_every == 0 || step == options_.steps)) {
         summary.final_eval = evaluate(model, *eval);
         summary.final_eval.step = step;
         summary.evaluated = true;
-        progress.print(eval_line(summary.final_eval));
-        json_line line;
-        line.add("step", step).add("eval_loss", summary.final_eval.loss);
-        for (const auto& m : summary.final_eval.metrics) line.add("eval_" + m.name, m.value);
-        metrics.write(line);
         auto shown = summary.final_eval;  // a copy: the summary outlives the progress display
         shown.print = printer;
-        for (auto& c : callbacks_) stop = (c->on_eval(shown) == control::stop) || stop;
+        notify([&](callback& c) { return c.on_eval(shown); });
       }
-      if (!run.empty() && main && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
+      if (main && !run.empty() && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
         run.save_state(collect_state(module, train));
     }
-    progress.end();
-    if constexpr (requires { profiler.finish(run.profile_dir()); }) {
-      if (diag && !diag->last_report().empty()) profiler.set_gradient_health(diag->last_report(), diag->warnings());
-      profiler.finish(run.profile_dir());
-    }
+
     summary.steps = step;
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (threads) summary.threads = threads->threads(), summary.thread_changes = threads->changes();
-    if (!run.empty() && main) {
+    for (auto& c : observers) c->on_fit_end(summary);
+    auto& profiler = acc_->profiler();
+    if constexpr (requires { profiler.finish(run.profile_dir()); }) {
+      if (diagnostics_ && !diagnostics_->last_report().empty())
+        profiler.set_gradient_health(diagnostics_->last_report(), diagnostics_->warnings());
+      profiler.finish(run.profile_dir());
+    }
+    if (main && !run.empty()) {
       run.save_state(collect_state(module, train));
       if (!summary.stopped_early) run.write_summary(summary_json(summary));
     }
-    for (auto& c : callbacks_) c->on_fit_end(summary);
     return summary;
   }
 
   // The mean loss over `data` and the loss's metrics (accuracy, perplexity, ...), without
-  // gradients, in eval mode. With several ranks each evaluates its own contiguous share of
-  // `data` and the totals are summed over ranks.
+  // gradients, in eval mode. `data` is a tensor pair or a dataset (kiln/data/dataset.hpp), read
+  // in batches of options.eval_batch_size; with several ranks each evaluates its own contiguous
+  // share and the totals are summed over ranks. Or a loader: one epoch of its batches, from
+  // where it stands (make it with shuffle = false, drop_last = false and, with several ranks,
+  // pad_shards = false, so that each sample counts once).
   template <class Model>
   eval_info evaluate(Model& model, const data::tensor_pair& data) {
+    return evaluate(model, data::in_memory(data));
+  }
+  template <class Model, data::dataset Dataset>
+  eval_info evaluate(Model& model, const Dataset& data) {
+    const auto all = static_cast<std::int64_t>(data.size()), world = acc_->world_size(), rank = acc_->rank();
+    std::int64_t begin = all * rank / world;
+    const std::int64_t end = all * (rank + 1) / world;
+    return evaluate_batches(model, [&]() -> std::optional<data::batch> {
+      if (begin >= end) return std::nullopt;
+      const auto stop = std::min(begin + options_.eval_batch_size, end);
+      auto batch = detail::rows(data, begin, stop);
+      begin = stop;
+      return batch;
+    });
+  }
+  template <class Model, data::batch_source Loader>
+  eval_info evaluate(Model& model, Loader& data) {
+    std::int64_t left = data.batches_per_epoch();
+    return evaluate_batches(model, [&]() -> std::optional<data::batch> {
+      if (left-- <= 0) return std::nullopt;
+      return data.next();
+    });
+  }
+
+ private:
+  // One optimizer step: an accumulation window of micro-batches from `train`, each placed on
+  // the device, run forward through the model and the loss, and backward; then the update.
+  // A failure names the step, the micro-batch, what it was doing and, for a forward, the module.
+  template <class Model, data::batch_source Loader>
+  step_info train_step(Model& model, Loader& train) {
+    auto& acc = *acc_;
+    const auto next_step = acc.optimizer_steps() + 1;
+    const auto plan = acc.plan_window(train.batches_left_in_epoch());
+    if (plan.skip_rest_of_epoch) train.skip_rest_of_epoch();
+    const auto unit = acc.accumulation().unit();
+    torch::Tensor loss_sum;  // micro-batch losses weighted by their items, summed on the device
+    double items_sum = 0;
+    for (std::int64_t micro = 0; micro < plan.micro_batches; ++micro) {
+      static constexpr const char* forward_phase = "forward (model and loss)";
+      const char* doing = "loading the batch";  // named by the step's error, if one is thrown
+      torch::Tensor inputs, targets;
+      auto forward_loss = [&] {
+        auto cast = acc.autocast();
+        return options_.loss(detail::forward(model, inputs), targets);
+      };
+      // Where in the model a forward failed, found by running it again under observation.
+      auto failed_at = [&]() -> std::optional<failure_site> {
+        if (doing != forward_phase) return std::nullopt;
+        return diagnostics::locate_failure(*model.ptr(), [&] { (void)forward_loss(); });
+      };
+      try {
+        {
+          auto timed = acc.phase(phase::data);
+          auto batch = train.next();
+          // On the model's device (the data phase includes the copy to a GPU).
+          inputs = acc.place(batch.inputs), targets = acc.place(batch.targets);
+        }
+        doing = forward_phase;
+        torch::Tensor loss;
+        {
+          auto timed = acc.phase(phase::forward);
+          auto watch = diagnostics_ ? diagnostics_->watch_forward(next_step) : diagnostics::forward_watch();
+          loss = forward_loss();
+        }
+        doing = "backward";
+        const double items = detail::loss_items(unit, targets, options_.loss);
+        acc.backward(loss, items);
+        // Read once per step: no extra op without accumulation.
+        auto weighted = items == 1.0 ? loss.detach() : loss.detach() * items;
+        loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+        items_sum += items;
+        if (diagnostics_ && acc.is_sync_step()) diagnostics_->after_backward(next_step);  // gradients complete
+        doing = "the optimizer step";
+        acc.step();
+        if (diagnostics_ && acc.optimizer_steps() == next_step) diagnostics_->after_step(next_step);
+      } catch (const c10::Error& e) {
+        throw step_error(detail::step_failure(next_step, micro, plan.micro_batches, doing, e.what_without_backtrace(),
+                                              failed_at()));
+      } catch (const kiln::error&) {
+        throw;  // already names its cause
+      } catch (const std::exception& e) {
+        throw step_error(detail::step_failure(next_step, micro, plan.micro_batches, doing, e.what(), failed_at()));
+      }
+    }
+    const auto& result = acc.last_step();
+    step_info info;
+    info.step = acc.optimizer_steps();
+    info.epoch = train.epoch();
+    info.loss = loss_sum.item<double>() / items_sum;
+    info.lr = result.lr;
+    info.grad_norm = result.grad_norm;
+    info.skipped = result.skipped;
+    return info;
+  }
+
+  // Evaluation over the batches `next` hands out until it has none.
+  template <class Model, class NextBatch>
+  eval_info evaluate_batches(Model& model, NextBatch next) {
     auto& module = *model.ptr();
     const bool was_training = module.is_training();
     module.eval();
@@ -331,12 +345,9 @@ class trainer {
     // Loss sum, items, then each metric's sum.
     torch::Tensor totals = torch::zeros({2 + static_cast<std::int64_t>(metrics.size())},
                                         torch::dtype(torch::kFloat64).device(acc_->device()));
-    const auto all = data.inputs.size(0), world = acc_->world_size(), rank = acc_->rank();
-    const auto first = all * rank / world, n = all * (rank + 1) / world;
-    for (std::int64_t begin = first; begin < n; begin += options_.eval_batch_size) {
-      const auto end = std::min(begin + options_.eval_batch_size, n);
-      auto inputs = acc_->place(data.inputs.slice(0, begin, end));
-      auto targets = acc_->place(data.targets.slice(0, begin, end));
+    while (std::optional<data::batch> batch = next()) {
+      auto inputs = acc_->place(batch->inputs);
+      auto targets = acc_->place(batch->targets);
       torch::Tensor outputs;
       {
         auto cast = acc_->autocast();
@@ -363,11 +374,22 @@ class trainer {
     return info;
   }
 
- private:
-  static std::string eval_line(const eval_info& e) {
-    char loss[64];
-    std::snprintf(loss, sizeof loss, "eval @ step %lld: loss %.4f", (long long)e.step, e.loss);
-    return std::string(loss) + e.metrics_text() + " (" + std::to_string(e.samples) + " items)";
+  // Opens the run directory on rank 0 (resuming an unfinished run of the same recipe); the other
+  // ranks follow its decision. Returns the step training continues from.
+  template <class Loader>
+  std::int64_t open_run(const run_directory& run, torch::nn::Module& module, Loader& train) {
+    if (run.empty()) return 0;
+    const bool main = acc_->is_main();
+    std::int64_t step = 0;
+    if (main && run.open(options_.resume)) step = resume(run, module, train);
+    if (acc_->world_size() > 1) {
+      // Rank 0 decided whether to resume (and moved an old run away); the others follow it, after
+      // it is done with the directory: the sum is over ranks, so it waits for rank 0.
+      const auto agreed =
+          acc_->sum_over_ranks(torch::full({1}, main ? static_cast<double>(step) : 0.0, torch::kFloat64));
+      if (!main && agreed.template item<double>() > 0) step = resume(run, module, train);
+    }
+    return step;
   }
 
   // Continues the run saved in `run`: model, accelerator (optimizer, scaler, step), data
@@ -429,6 +451,7 @@ class trainer {
 
   trainer_options options_;
   std::unique_ptr<accelerator_t> acc_;
+  std::optional<diagnostics> diagnostics_;  // during fit(), when options.diagnostics asks for them
   std::vector<std::shared_ptr<callback>> callbacks_;
 };
 

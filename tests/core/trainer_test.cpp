@@ -200,7 +200,7 @@ TEST_SUITE("trainer") {
       using pos = std::vector<std::pair<std::int64_t, std::int64_t>>;
       if (epoch_end == "step") CHECK((positions == pos{{0, 8}, {0, 16}, {0, 20}, {1, 8}}));
       else CHECK((positions == pos{{0, 8}, {0, 16}, {1, 8}, {1, 16}}));
-      CHECK(kiln::detail::optimizer_steps_per_epoch(t.accel().accumulation(), 20) == (epoch_end == "step" ? 3 : 2));
+      CHECK(kiln::optimizer_steps_per_epoch(t.accel().accumulation(), 20) == (epoch_end == "step" ? 3 : 2));
     }
   }
 
@@ -262,6 +262,49 @@ TEST_SUITE("trainer") {
     CHECK(masked.loss == doctest::Approx(torch::nn::functional::cross_entropy(real, real_targets).item<double>()));
     CHECK(masked.accuracy == doctest::Approx(real.argmax(1).eq(real_targets).to(torch::kFloat64).mean().item<double>()));
     CHECK(masked.samples == 150);
+  }
+
+  TEST_CASE("evaluate() over a dataset or a loader equals it over the tensor pair, and fit() evaluates any of them") {
+    setup s(3);
+    trainer_t t(settings_for({}, 1));
+    t.accel().prepare(*s.model);
+    const auto reference = t.evaluate(s.model, s.eval);
+
+    // A dataset that neither slices nor gathers: batches are stacked from get(), 64 at a time.
+    struct one_by_one {
+      kiln::data::tensor_pair data;
+      std::int64_t size() const { return data.inputs.size(0); }
+      kiln::data::example get(std::int64_t i) const { return {data.inputs[i], data.targets[i]}; }
+    };
+    auto settings = settings_for({}, 1);
+    settings.options.eval_batch_size = 64;  // 200 samples: 3 full batches and one of 8
+    trainer_t small_batches(settings);
+    small_batches.accel().prepare(*s.model);
+    const auto from_dataset = small_batches.evaluate(s.model, one_by_one{s.eval});
+    CHECK(from_dataset.samples == 200);
+    CHECK(from_dataset.loss == doctest::Approx(reference.loss).epsilon(1e-6));
+    CHECK(from_dataset.accuracy == doctest::Approx(reference.accuracy));
+
+    // A loader: one epoch of its batches; a second evaluation sees the same ones.
+    kiln::data::batch_loader eval_loader(s.eval, {.batch_size = 48, .shuffle = false, .drop_last = false});
+    for (int pass = 0; pass < 2; ++pass) {
+      const auto from_loader = t.evaluate(s.model, eval_loader);
+      CHECK(from_loader.samples == 200);
+      CHECK(from_loader.loss == doctest::Approx(reference.loss).epsilon(1e-6));
+      CHECK(from_loader.accuracy == doctest::Approx(reference.accuracy));
+    }
+
+    // fit() with a dataset to evaluate on, as a callback sees it.
+    std::vector<double> seen;
+    trainer_t fitting(settings_for({}, 10));
+    fitting.add_callback(kiln::on_eval([&](const kiln::eval_info& e) {
+      seen.push_back(e.loss);
+      return kiln::control::proceed;
+    }));
+    const one_by_one eval_set{s.eval};
+    const auto summary = fitting.fit(s.model, s.loader, &eval_set);
+    REQUIRE(seen.size() == 1);  // at the last step (eval_every = 25)
+    CHECK(summary.final_eval.loss == doctest::Approx(fitting.evaluate(s.model, s.eval).loss).epsilon(1e-6));
   }
 
   TEST_CASE("a failed write leaves the previous state file intact") {

@@ -297,6 +297,40 @@ TEST_SUITE("profiler") {
     CHECK_MESSAGE(fast.rfind("compute-bound", 0) == 0, fast);
   }
 
+  TEST_CASE("phases from a loop of one's own: the accelerator times backward and the optimizer, the loop the rest") {
+    torch::manual_seed(0);
+    kiln::models::mlp model(kiln::models::mlp_settings{.in_features = 32, .hidden = {64}, .classes = 4});
+    kiln::accelerator<kiln::optim::adamw, kiln::profiler::phases> acc(
+        {.accumulation = {.steps = 2}, .profiler = {.wait = 0, .warmup = 1, .active = 4}});
+    acc.prepare(model);
+    const auto data = kiln::data::make_classification(64, 32, 4, 1);
+    for (std::int64_t micro = 0; micro < 10; ++micro) {  // 5 optimizer steps: 1 warmup, 4 recorded
+      torch::Tensor x, y, loss;
+      {
+        auto timed = acc.phase(kiln::phase::data);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        x = data.inputs.slice(0, micro * 6, micro * 6 + 6), y = data.targets.slice(0, micro * 6, micro * 6 + 6);
+      }
+      {
+        auto timed = acc.phase(kiln::phase::forward);
+        loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      }
+      acc.backward(loss);
+      acc.step();
+    }
+    const auto& steps = acc.profiler().collector<kiln::profiler::phases_collector>().steps();
+    REQUIRE(steps.size() == 4);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const auto& s = steps[i];
+      CHECK(s.step == static_cast<std::int64_t>(i) + 2);
+      CHECK(s.phase_ms[0] >= 2 * 5.0);  // data: two micro-batches of 5 ms each
+      for (std::size_t p = 1; p < 4; ++p) CHECK(s.phase_ms[p] > 0);  // forward, backward, optimizer
+      double phases = 0;
+      for (double ms : s.phase_ms) phases += ms;
+      CHECK(phases <= s.step_ms);
+    }
+  }
+
   TEST_CASE("kiln profile: any recipe, a report with every part and the files") {
     const auto dir = std::filesystem::temp_directory_path() / ("kiln-profile-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);

@@ -4,6 +4,7 @@
 // Required member (kiln::checkpointing_policy in kiln/concepts.hpp):
 //   apply(model)   called once by prepare(), before sharding places the parameters: wrap the
 //                  sub-modules whose forward should be recomputed in backward.
+// No optional members.
 #pragma once
 
 #include <string_view>

@@ -8,7 +8,8 @@
 //   set_lr(lr), base_lr()      the scheduler sets lr = base_lr() * factor(step) each step;
 //   state_bytes()              bytes of optimizer state, for memory reports.
 // Optional: save_state/load_state(state_dict, prefix) to survive a resume (kiln stores state by
-// parameter name, see kiln/io/state.hpp).
+// parameter name, see kiln/io/state.hpp); use_kahan_summation(bool) and compensations() for
+// bf16-pure's Kahan-summed updates (fused_optimizer has both).
 //
 // kiln's optimizers get all of that from kiln::optim::fused_optimizer (public: yours can derive
 // from it too, copied from this header into your namespace) and write only the rule: here

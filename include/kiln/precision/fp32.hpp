@@ -17,7 +17,11 @@
 // `void load_state(const kiln::state_dict&, const std::string& prefix)` if the policy has
 // state that must survive a resume (a loss scale, say); `static constexpr bool always_finite =
 // true` if unscale_and_check() can never return false, which spares distributed runs the
-// all_ranks_true() all-reduce on every step.
+// all_ranks_true() all-reduce on every step; `void use_device(const torch::Device&)` to learn the
+// device (and refuse one it cannot run on); `prepare(model, named_parameters)` returning the
+// named tensors the optimizer should update instead (bf16-pure's fp32 masters), with
+// `void after_step()` to round them back into the model after each update; `bool
+// kahan_summation() const` to ask the optimizer for Kahan-summed updates.
 #pragma once
 
 #include <string_view>

@@ -6,6 +6,11 @@
 //                      compile time (if constexpr), so `none` costs nothing in the step;
 //   begin(p), end(p)   around each phase (data, forward, backward, optimizer, ...);
 //   on_step_end(step)  after each optimizer step.
+// The accelerator calls them: backward() and step() time their own phases and end the step; a
+// loop marks the rest with `auto scope = acc.phase(kiln::phase::data);`.
+// Optional: attach(profiler::profile_context) (the model, rank and optimizer state size, from
+// accelerator::prepare), finish(dir) (the report, at the end of fit()), and
+// set_gradient_health(rows, warnings) (the diagnostics' last report, shown in it).
 #pragma once
 
 #include <cstdint>

@@ -87,13 +87,6 @@ inline const char* phase_name(kiln::phase p) {
   return "?";
 }
 
-// What a profiler may learn about the run when fit() starts.
-struct profile_context {
-  torch::nn::Module* model = nullptr;
-  std::int64_t rank = 0;
-  std::function<std::int64_t()> optimizer_state_bytes;
-};
-
 // Where collectors put their results: the printed text goes to stderr as they write it; the
 // files go to `dir` (when set); the HTML page is assembled from `html` at the end.
 struct profile_report {

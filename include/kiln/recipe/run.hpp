@@ -176,7 +176,7 @@ template <class Trainer, class Loader>
 fit_summary fit_recipe(const recipe& r, const run_request& request, typename Trainer::settings settings,
                        torch::nn::AnyModule& model, Loader& loader, const dataset_pair& data) {
   const typename Trainer::accelerator_t::accumulation_t accumulation(settings.accelerator.accumulation);
-  const auto steps_per_epoch = detail::optimizer_steps_per_epoch(accumulation, loader.batches_per_epoch());
+  const auto steps_per_epoch = optimizer_steps_per_epoch(accumulation, loader.batches_per_epoch());
   if (steps_per_epoch == 0)
     throw config_error(r.file.string() + ": one optimizer step needs " + std::to_string(accumulation.micro_steps()) +
                        " x " + std::to_string(r.data.batch_size) + " samples, more than the " +
