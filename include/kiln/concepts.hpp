@@ -16,6 +16,8 @@
 
 #include <torch/torch.h>
 
+#include "kiln/settings/fields.hpp"
+
 namespace kiln {
 
 namespace axis {
@@ -43,6 +45,11 @@ struct profile_context {
 // the micro-batch itself (a plain mean over micro-batches), its samples, or its tokens
 // (targets other than the loss's ignore index, -100).
 enum class loss_unit { micro_batch, sample, token };
+// As [accumulation] normalize names them.
+constexpr auto choices(loss_unit) {
+  return std::to_array<choice<loss_unit>>(
+      {{"mean", loss_unit::micro_batch}, {"samples", loss_unit::sample}, {"tokens", loss_unit::token}});
+}
 
 // Maps this rank's count of loss units to the mean count over the ranks whose gradients are
 // averaged together (DDP), so that the accumulation axis normalises by the job's total rather

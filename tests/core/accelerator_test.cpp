@@ -57,7 +57,7 @@ TEST_SUITE("accelerator") {
   TEST_CASE("uneven micro-batches under sample normalisation give the update of their union") {
     auto data = kiln::data::make_classification(64, 12, 5, 11);
     const std::int64_t bounds[] = {0, 10, 32, 46, 64};
-    auto run = [&](const std::string& normalize) {
+    auto run = [&](kiln::loss_unit normalize) {
       auto model = small_mlp(3);
       kiln::accelerator<kiln::optim::sgd> acc(
           {.accumulation = {.steps = 4, .normalize = normalize}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
@@ -77,9 +77,9 @@ TEST_SUITE("accelerator") {
     big.backward(loss_of(one, data.inputs, data.targets));
     big.step();
 
-    auto by_samples = run("samples");
+    auto by_samples = run(kiln::loss_unit::sample);
     CHECK(max_abs_diff(*one, *by_samples) <= 1e-6);
-    auto by_mean = run("mean");  // the reference is sharp enough to see the mean-of-means bias
+    auto by_mean = run(kiln::loss_unit::micro_batch);  // the reference is sharp enough to see the mean-of-means bias
     CHECK(max_abs_diff(*one, *by_mean) > 1e-4);
   }
 
@@ -97,7 +97,7 @@ TEST_SUITE("accelerator") {
     auto one = small_mlp(5), four = small_mlp(5);
     kiln::accelerator<kiln::optim::sgd> big({.optimizer = {.lr = 1.0, .momentum = 0.0}});
     kiln::accelerator<kiln::optim::sgd> acc(
-        {.accumulation = {.steps = 4, .normalize = "tokens"}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
+        {.accumulation = {.steps = 4, .normalize = kiln::loss_unit::token}, .optimizer = {.lr = 1.0, .momentum = 0.0}});
     big.prepare(one);
     acc.prepare(four);
     big.backward(loss_fn(one, inputs, targets));
@@ -140,7 +140,7 @@ TEST_SUITE("accelerator") {
       std::vector<torch::Tensor> sum;
       for (int rank = 0; rank < 2; ++rank) {
         auto model = small_mlp(6);
-        kiln::accumulation::steps policy({.steps = 2, .normalize = "tokens"});
+        kiln::accumulation::steps policy({.steps = 2, .normalize = kiln::loss_unit::token});
         int calls = 0;  // the policy asks for the first micro-batch's mean, then the window's
         kiln::rank_mean mean = [&](double) { return ++calls == 1 ? first_mean : window_mean; };
         if (!across_ranks) mean = nullptr;

@@ -178,7 +178,8 @@ TEST_SUITE("trainer") {
   // 20 batches per epoch, windows of 8: the epoch's last 4 batches are one short window when
   // stepped, and are skipped when dropped; either way a window never spans two epochs.
   TEST_CASE("an epoch's last, partial accumulation window is stepped or dropped by setting") {
-    for (const std::string epoch_end : {"step", "drop"}) {
+    using kiln::accumulation::partial_window;
+    for (const auto epoch_end : {partial_window::step, partial_window::drop}) {
       setup s(1);
       auto settings = settings_for({}, 4);
       settings.accelerator.accumulation = {.steps = 8, .epoch_end = epoch_end};
@@ -198,9 +199,9 @@ TEST_SUITE("trainer") {
       t.add_callback(cb);
       t.fit(s.model, s.loader);
       using pos = std::vector<std::pair<std::int64_t, std::int64_t>>;
-      if (epoch_end == "step") CHECK((positions == pos{{0, 8}, {0, 16}, {0, 20}, {1, 8}}));
+      if (epoch_end == partial_window::step) CHECK((positions == pos{{0, 8}, {0, 16}, {0, 20}, {1, 8}}));
       else CHECK((positions == pos{{0, 8}, {0, 16}, {1, 8}, {1, 16}}));
-      CHECK(kiln::optimizer_steps_per_epoch(t.accel().accumulation(), 20) == (epoch_end == "step" ? 3 : 2));
+      CHECK(kiln::optimizer_steps_per_epoch(t.accel().accumulation(), 20) == (epoch_end == partial_window::step ? 3 : 2));
     }
   }
 

@@ -184,7 +184,8 @@ TEST_SUITE("precision") {
     // The reference: LibTorch's fp32 product of the same bf16 operands, rounded once.
     const auto exact = torch::mm(a.to(torch::kFloat), b.to(torch::kFloat)).to(torch::kBFloat16);
     const auto calls = [] { return pd::fp32_cpu_matmul_calls().load(); };
-    auto replaced = [&](const std::string& setting) {
+    using mode = kiln::precision::matmul_mode;
+    auto replaced = [&](mode setting) {
       kiln::precision::bf16::settings s;
       s.cpu_matmul = setting;
       kiln::precision::bf16 policy(s);
@@ -193,13 +194,13 @@ TEST_SUITE("precision") {
       return std::pair{calls() > before, torch::equal(product, exact)};
     };
     {
-      const auto [used, equal] = replaced("fp32");
+      const auto [used, equal] = replaced(mode::fp32);
       CHECK(used);
       CHECK(equal);
     }
     // "auto" replaces exactly where this CPU lacks oneDNN's bf16 GEMM (AVX-512 BW/VL/DQ).
-    CHECK(replaced("auto").first == !pd::cpu_has_onednn_bf16_gemm());
-    CHECK_FALSE(replaced("bf16").first);
+    CHECK(replaced(mode::automatic).first == !pd::cpu_has_onednn_bf16_gemm());
+    CHECK_FALSE(replaced(mode::bf16).first);
     // Gone with the policy: LibTorch's kernel again.
     const auto before = calls();
     torch::mm(a, b);
@@ -208,7 +209,7 @@ TEST_SUITE("precision") {
     // addmm, bmm and baddbmm, and the backward of a linear layer under autocast: fp32 operands
     // rounded to bf16 are LibTorch's fp32 op's product rounded once.
     kiln::precision::bf16::settings fp32_matmuls;
-    fp32_matmuls.cpu_matmul = "fp32";
+    fp32_matmuls.cpu_matmul = kiln::precision::matmul_mode::fp32;
     kiln::precision::bf16 policy(fp32_matmuls);
     const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
     CHECK(torch::equal(torch::addmm(c, a, b), torch::addmm(f(c), f(a), f(b)).to(torch::kBFloat16)));
@@ -312,7 +313,7 @@ TEST_SUITE("precision") {
       return static_cast<double>(kept);
     };
     kiln::precision::bf16::settings s;
-    s.cpu_matmul = "fp32";
+    s.cpu_matmul = kiln::precision::matmul_mode::fp32;
     const double full = kept_by_forward(kiln::precision::fp32{}), half = kept_by_forward(kiln::precision::bf16(s));
     MESSAGE("activations kept by forward: fp32 ", full, " bytes, bf16 ", half, " (", half / full, "x)");
     CHECK(half <= 0.7 * full);

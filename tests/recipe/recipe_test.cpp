@@ -378,7 +378,7 @@ TEST_CASE("defaults fill what the recipe leaves out") {
   CHECK(r.train.epochs == 1);
   CHECK(r.train.log_every == 50);
   CHECK(r.scheduler.kind == "constant");
-  CHECK(r.run.resume == "auto");
+  CHECK(r.run.resume == kiln::resume_policy::automatic);
   CHECK(r.run_dir() == fs::path("runs") / "t");
   for (std::size_t i = 0; i < kiln::axis_names.size(); ++i)
     CHECK(r.kinds[i] == std::string(kiln::default_kind(kiln::axis_names[i])));
@@ -551,6 +551,36 @@ TEST_CASE("an accelerator built in C++ refuses what a recipe would, in the recip
   }
   std::filesystem::remove(recipe);
   CHECK_MESSAGE(recipe_message.find(": optimizer.lr = -1: expected a value > 0") != std::string::npos, recipe_message);
+}
+
+TEST_CASE("an enum-like setting: a name in a recipe, an enum in C++, refused alike when it is none of them") {
+  kiln::test::temp_dir dir("enum_setting");
+  using kiln::accumulation::partial_window;
+  kiln::accumulation::steps::settings read;
+  kiln::load_recipe(dir.write("drop.toml", "[recipe]\nname = \"t\"\n[accumulation]\nepoch_end = \"drop\"\n"))
+      .read_axis("accumulation", read);
+  CHECK(read.epoch_end == partial_window::drop);
+  CHECK_THROWS_WITH_AS(
+      kiln::load_recipe(dir.write("typo.toml", "[recipe]\nname = \"t\"\n[accumulation]\nepoch_end = \"dorp\"\n"))
+          .read_axis("accumulation", read),
+      doctest::Contains("typo.toml:4: accumulation.epoch_end = 'dorp': expected one of \"step\", \"drop\" (did you mean \"drop\"?)"),
+      kiln::config_error);
+  CHECK_THROWS_WITH_AS(
+      kiln::load_recipe(dir.write("number.toml", "[recipe]\nname = \"t\"\n[accumulation]\nepoch_end = 1\n"))
+          .read_axis("accumulation", read),
+      doctest::Contains("accumulation.epoch_end: expected one of \"step\", \"drop\", got an integer (1)"), kiln::config_error);
+  // In C++: a value no name stands for is refused in the same words.
+  kiln::accelerator<kiln::optim::sgd>::settings s;
+  s.accumulation.epoch_end = static_cast<partial_window>(7);
+  CHECK_THROWS_WITH_AS(kiln::accelerator<kiln::optim::sgd>{s},
+                       "accumulation.epoch_end = 7: expected one of \"step\", \"drop\"", kiln::config_error);
+  // Written back by name (the resolved recipe, `kiln check`).
+  std::ostringstream text;
+  kiln::detail::toml_writer writer(text);
+  kiln::accumulation::steps::settings written{.epoch_end = partial_window::drop};
+  written.describe(writer);
+  CHECK_MESSAGE(contains(text.str(), "epoch_end = 'drop'"), text.str());
+  CHECK(contains(text.str(), "normalize = 'mean'"));
 }
 
 TEST_CASE("a recipe's [train] device is checked when it loads, with file:line") {

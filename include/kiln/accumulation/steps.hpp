@@ -48,33 +48,35 @@
 
 namespace kiln::accumulation {
 
+// What becomes of an epoch's last window when fewer micro-batches are left than a window holds.
+enum class partial_window { step, drop };
+constexpr auto choices(partial_window) {
+  return std::to_array<choice<partial_window>>({{"step", partial_window::step}, {"drop", partial_window::drop}});
+}
+
 struct steps {
   using axis = kiln::axis::accumulation;
   static constexpr std::string_view kind = "steps";
 
   struct settings {
     std::int64_t steps = 1;
-    std::string normalize = "mean";
-    std::string epoch_end = "step";
+    loss_unit normalize = loss_unit::micro_batch;
+    partial_window epoch_end = partial_window::step;
     template <class V>
     void describe(V& v) {
       v.field("steps", steps, "micro-batches per optimizer step (1 = no accumulation)", kiln::checks::positive);
       v.field("normalize", normalize,
               "loss normalisation over a window: \"mean\" of micro-batch losses, or by the total number of "
-              "\"samples\" or \"tokens\" in the window (exact for uneven micro-batches)",
-              kiln::checks::one_of({"mean", "samples", "tokens"}));
+              "\"samples\" or \"tokens\" in the window (exact for uneven micro-batches)");
       v.field("epoch_end", epoch_end,
-              "an epoch's last, shorter window: \"step\" it (normalised over what it holds) or \"drop\" it",
-              kiln::checks::one_of({"step", "drop"}));
+              "an epoch's last, shorter window: \"step\" it (normalised over what it holds) or \"drop\" it");
     }
   };
 
   explicit steps(const settings& s)
       : steps_(s.steps),
-        unit_(s.normalize == "samples"  ? loss_unit::sample
-              : s.normalize == "tokens" ? loss_unit::token
-                                        : loss_unit::micro_batch),
-        drop_partial_(s.epoch_end == "drop") {
+        unit_(s.normalize),
+        drop_partial_(s.epoch_end == partial_window::drop) {
     if (auto e = kiln::checks::positive(s.steps)) throw config_error("accumulation.steps: " + *e);
   }
 

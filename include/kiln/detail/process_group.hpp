@@ -70,6 +70,16 @@
 #include <torch/torch.h>
 
 #include "kiln/errors.hpp"
+#include "kiln/settings/fields.hpp"
+
+namespace kiln {
+// [sharding] backend: a c10d backend, or "auto" (NCCL where LibTorch has it and each rank a GPU, else Gloo).
+enum class c10d_backend { automatic, gloo, nccl };
+constexpr auto choices(c10d_backend) {
+  return std::to_array<choice<c10d_backend>>(
+      {{"auto", c10d_backend::automatic}, {"gloo", c10d_backend::gloo}, {"nccl", c10d_backend::nccl}});
+}
+}  // namespace kiln
 
 namespace kiln::detail {
 
@@ -154,7 +164,8 @@ inline constexpr bool nccl_built =
 // "auto" (NCCL where this build has it and there is a GPU for each rank on this host, else Gloo,
 // as torch.distributed users choose), "gloo" or "nccl"; `where` names the setting in errors.
 // NCCL needs a GPU of its own per rank: two ranks on one GPU fail at their first collective.
-inline backend resolve_backend(std::string_view name, const std::string& where, std::int64_t local_ranks = 1) {
+inline backend resolve_backend(c10d_backend setting, const std::string& where, std::int64_t local_ranks = 1) {
+  const std::string name = choice_name(setting);
   const auto gpus = [] { return torch::cuda::is_available() ? static_cast<std::int64_t>(torch::cuda::device_count()) : 0; };
   const auto gloo = [&] {
     if (!gloo_built)
@@ -163,8 +174,8 @@ inline backend resolve_backend(std::string_view name, const std::string& where, 
                          (nccl_built ? "; NCCL is there, for GPUs" : ", and no NCCL either"));
     return backend::gloo;
   };
-  if (name == "gloo") return gloo();
-  if (name == "nccl") {
+  if (setting == c10d_backend::gloo) return gloo();
+  if (setting == c10d_backend::nccl) {
     if (!nccl_built)
       throw config_error(where + " = \"nccl\": this build of LibTorch has no NCCL (a CPU-only LibTorch such as "
                          "Debian's, or kiln's CMake found no nccl.h); use \"gloo\" or \"auto\"");
@@ -176,8 +187,7 @@ inline backend resolve_backend(std::string_view name, const std::string& where, 
                          " visible; NCCL needs one GPU per rank: start at most that many ranks per host, or use \"gloo\"");
     return backend::nccl;
   }
-  if (name == "auto") return nccl_built && gpus() >= local_ranks ? backend::nccl : gloo();
-  throw config_error(where + " = \"" + std::string(name) + "\": expected \"auto\", \"gloo\" or \"nccl\"");
+  return nccl_built && gpus() >= local_ranks ? backend::nccl : gloo();
 }
 
 // Whether this LibTorch's Gloo sums bfloat16 tensors: PyTorch 2.2 added it, 1.13's fails the

@@ -43,10 +43,10 @@ struct bf16 {
   static constexpr bool always_finite = true;  // bf16 has fp32's range: no scale, no skipped step
 
   struct settings {
-    std::string cpu_matmul = "auto";
+    matmul_mode cpu_matmul = matmul_mode::automatic;
     template <class V>
     void describe(V& v) {
-      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help, detail::cpu_matmul_choices());
+      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help);
     }
   };
 

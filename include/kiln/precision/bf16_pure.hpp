@@ -39,13 +39,13 @@ struct bf16_pure {
 
   struct settings {
     bool kahan = false;
-    std::string cpu_matmul = "auto";
+    matmul_mode cpu_matmul = matmul_mode::automatic;
     template <class V>
     void describe(V& v) {
       v.field("kahan", kahan,
               "false: the optimizer updates fp32 master weights; true: no masters, it sums each update into the bf16 "
               "weight through a bf16 compensation buffer (Kahan summation; 4 bytes per parameter less)");
-      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help, detail::cpu_matmul_choices());
+      v.field("cpu_matmul", cpu_matmul, detail::cpu_matmul_help);
     }
   };
 

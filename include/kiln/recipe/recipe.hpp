@@ -197,17 +197,22 @@ struct train_settings {
   }
 };
 
+// [run] resume: whether a run directory's unfinished run is continued.
+enum class resume_policy { automatic, never };
+constexpr auto choices(resume_policy) {
+  return std::to_array<choice<resume_policy>>({{"auto", resume_policy::automatic}, {"never", resume_policy::never}});
+}
+
 struct run_settings {
   std::string dir;  // empty = runs/<recipe name>
   std::int64_t save_every = 0;
-  std::string resume = "auto";
+  resume_policy resume = resume_policy::automatic;
   template <class V>
   void describe(V& v) {
     v.field("dir", dir, "run directory (default runs/<recipe name>)");
     v.field("save_every", save_every, "optimizer steps between saved states (0: only at the end)",
             checks::non_negative);
-    v.field("resume", resume, "auto: continue an unfinished run in dir; never: start afresh",
-            checks::one_of({"auto", "never"}));
+    v.field("resume", resume, "auto: continue an unfinished run in dir; never: start afresh");
   }
 };
 

@@ -35,11 +35,21 @@ struct dataset_pair {
   data_info info;
 };
 
+// The registry's entry for the kind a table of the recipe names. Reading the recipe refused kinds
+// no registry has; a miss here is a program built without the registration of one that was.
+template <class Entry>
+const Entry& registered_entry(const std::vector<Entry>& entries, const recipe& r, std::string_view table,
+                              const std::string& kind) {
+  const auto* entry = find_kind(entries, kind);
+  if (!entry)
+    throw config_error(r.file.string() + ": [" + std::string(table) + "] kind = \"" + kind + "\" is not registered");
+  return *entry;
+}
+
 // A dataset error names the file it could not read; this adds which line of the recipe (or which
 // --set) pointed there, so that a typo in data.path is found where it was made.
 inline dataset_pair load_data(const recipe& r) {
-  const auto* entry = find_kind(registered_datasets(), r.data.kind);
-  if (!entry) throw config_error(r.file.string() + ": [data] kind = \"" + r.data.kind + "\" is not registered");
+  const auto* entry = &registered_entry(registered_datasets(), r, "data", r.data.kind);
   const toml::node* path = r.document.at_path("data.path").node();
   const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();
   std::string what = "[data] kind = \"" + r.data.kind + "\"";
@@ -58,18 +68,16 @@ inline dataset_pair load_data(const recipe& r) {
 // The loss the recipe names, or for kind = "auto" the one the data's targets call for.
 inline loss_function make_loss(const recipe& r, const dataset_pair& data) {
   const auto kind = r.loss.resolved_kind(data.info.targets);
-  const auto* entry = find_kind(registered_losses(), kind);
-  if (!entry) throw config_error(r.file.string() + ": [loss] kind = \"" + kind + "\" is not registered");
-  if (r.loss.kind == loss_settings::automatic) return entry->make(entry->make_settings());
-  return entry->make(r.loss.own);
+  const auto& entry = registered_entry(registered_losses(), r, "loss", kind);
+  if (r.loss.kind == loss_settings::automatic) return entry.make(entry.make_settings());
+  return entry.make(r.loss.own);
 }
 
 // Builds the model the recipe names; the model kind checks that it fits the data.
 inline torch::nn::AnyModule make_model(const recipe& r, const dataset_pair& data) {
-  const auto* entry = find_kind(registered_models(), r.model.kind);
-  if (!entry) throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" is not registered");
+  const auto& entry = registered_entry(registered_models(), r, "model", r.model.kind);
   try {
-    return entry->make(r.model.own, data.info);
+    return entry.make(r.model.own, data.info);
   } catch (const config_error& e) {
     throw config_error(r.file.string() + ": [model] kind = \"" + r.model.kind + "\" on [data] kind = \"" + r.data.kind +
                        "\": " + e.what());
@@ -110,10 +118,7 @@ typename Trainer::accelerator_t::settings read_policy_settings(const recipe& r) 
   // A recipe's profilers may be a subset of those compiled in (kiln::cli::find_combination).
   if constexpr (requires { s.profiler.only; })
     if (r.kinds[profiler_axis] != acc_t::profiler_t::kind) s.profiler.only = r.kinds[profiler_axis];
-  const auto* schedule_entry = find_kind(registered_schedules(), r.scheduler.kind);
-  if (!schedule_entry)
-    throw config_error(r.file.string() + ": [scheduler] kind = \"" + r.scheduler.kind + "\" is not registered");
-  s.scheduler = schedule_entry->make(r.scheduler.own);
+  s.scheduler = detail::registered_entry(registered_schedules(), r, "scheduler", r.scheduler.kind).make(r.scheduler.own);
   s.clip_grad_norm = r.train.clip_grad_norm;
   return s;
 }
@@ -189,7 +194,7 @@ fit_summary fit_recipe(const recipe& r, const run_request& request, typename Tra
   o.eval_batch_size = r.data.eval_batch_size;
   o.save_every = r.run.save_every;
   o.run_dir = r.run_dir();
-  o.resume = r.run.resume == "auto";
+  o.resume = r.run.resume == resume_policy::automatic;
   o.progress = request.progress;
   o.diagnostics = r.diagnostics;
   o.threads = static_cast<int>(r.train.threads);

@@ -141,7 +141,15 @@ class toml_reader {
       return;
     }
     const auto where = sources_->where(dotted, node->source());
-    if (!convert(*node, value))
+    if constexpr (choice_enum<T>) {
+      const auto* name = node->as_string();
+      if (!name)
+        throw config_error(where + ": " + dotted + ": expected one of " + quoted_list(choice_names<T>()) + ", got " +
+                           mismatch_text<T>(*node));
+      const auto parsed = parse_choice<T>(name->get());
+      if (!parsed) throw config_error(where + ": " + dotted + " = " + toml_value_text(*node) + ": " + choice_error<T>(name->get()));
+      value = *parsed;
+    } else if (!convert(*node, value))
       throw config_error(where + ": " + dotted + ": expected " + expected_type_name<T>() + ", got " +
                          mismatch_text<T>(*node));
     if (auto error = check(value))
@@ -195,6 +203,8 @@ void write_toml_value(std::ostream& out, const T& value) {
     out << s;
   } else if constexpr (std::is_same_v<T, std::string>) {
     out << toml::value<std::string>(value);
+  } else if constexpr (choice_enum<T>) {
+    out << toml::value<std::string>(choice_name(value));
   } else {
     out << "[";
     for (std::size_t i = 0; i < value.size(); ++i) {

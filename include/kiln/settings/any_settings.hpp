@@ -32,16 +32,36 @@ struct recorded_field {
   std::function<std::optional<std::string>(const T&)> check;
 };
 
+// An enum-like field, whatever its enum: visited as its name, checked against the names.
+struct recorded_choice {
+  std::string key, help;
+  std::function<std::string()> name;
+  std::function<void(const std::string&)> set;  // a name among `names`
+  std::vector<std::string> names;
+};
+
 // One entry per field type that kiln/settings/fields.hpp allows.
 using any_field = std::variant<recorded_field<bool>, recorded_field<std::int64_t>, recorded_field<double>,
                                recorded_field<std::string>, recorded_field<std::vector<std::int64_t>>,
-                               recorded_field<std::vector<double>>, recorded_field<std::vector<std::string>>>;
+                               recorded_field<std::vector<double>>, recorded_field<std::vector<std::string>>,
+                               recorded_choice>;
+
+inline bool contains(const std::vector<std::string>& names, const std::string& name) {
+  for (const auto& n : names)
+    if (n == name) return true;
+  return false;
+}
 
 struct field_recorder {
   std::vector<any_field> fields;
   template <class T, class Check>
   void field(std::string_view key, T& value, std::string_view help, Check&& check) {
-    fields.emplace_back(recorded_field<T>{std::string(key), std::string(help), &value, std::forward<Check>(check)});
+    if constexpr (choice_enum<T>)
+      fields.emplace_back(recorded_choice{std::string(key), std::string(help), [&value] { return choice_name(value); },
+                                          [&value](const std::string& name) { value = *parse_choice<T>(name); },
+                                          choice_names<T>()});
+    else
+      fields.emplace_back(recorded_field<T>{std::string(key), std::string(help), &value, std::forward<Check>(check)});
   }
   template <class T>
   void field(std::string_view key, T& value, std::string_view help) {
@@ -88,7 +108,17 @@ class any_settings {
     detail::field_recorder recorder;
     self_->describe(recorder);
     for (auto& field : recorder.fields)
-      std::visit([&](auto& f) { v.field(f.key, *f.value, f.help, f.check); }, field);
+      std::visit(
+          [&]<class F>(F& f) {
+            if constexpr (std::is_same_v<F, detail::recorded_choice>) {
+              std::string name = f.name();
+              v.field(f.key, name, f.help, checks::one_of(f.names));
+              if (detail::contains(f.names, name)) f.set(name);
+            } else {
+              v.field(f.key, *f.value, f.help, f.check);
+            }
+          },
+          field);
   }
 
  private:

@@ -16,11 +16,13 @@
 // This header does not depend on LibTorch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/errors.hpp"
@@ -30,7 +32,51 @@ namespace kiln {
 
 // Field types a settings struct may use; a visitor must handle each of them.
 //   bool, std::int64_t, double, std::string,
-//   std::vector<std::int64_t>, std::vector<double>, std::vector<std::string>
+//   std::vector<std::int64_t>, std::vector<double>, std::vector<std::string>,
+//   and an enum-like setting: an enum whose names a `choices` function next to it lists,
+//
+//     enum class partial_window { step, drop };
+//     constexpr auto choices(partial_window) {
+//       return std::to_array<kiln::choice<partial_window>>({{"step", partial_window::step}, {"drop", partial_window::drop}});
+//     }
+//
+//   which a recipe writes by name ("drop"); a name not listed is refused with the list and a
+//   "did you mean", in a recipe and in C++ (a value cast from a number) alike.
+template <class E>
+struct choice {
+  std::string_view name;
+  E value;
+};
+template <class T>
+concept choice_enum = std::is_enum_v<T> && requires(T t) {
+  { choices(t).size() } -> std::convertible_to<std::size_t>;
+};
+
+namespace detail {
+template <choice_enum E>
+std::vector<std::string> choice_names() {
+  std::vector<std::string> names;
+  for (const auto& c : choices(E{})) names.emplace_back(c.name);
+  return names;
+}
+template <choice_enum E>
+std::optional<E> parse_choice(std::string_view name) {
+  for (const auto& c : choices(E{}))
+    if (c.name == name) return c.value;
+  return std::nullopt;
+}
+// The value's name; a value no name stands for (cast from a number) shows as that number.
+template <choice_enum E>
+std::string choice_name(E value) {
+  for (const auto& c : choices(E{}))
+    if (c.value == value) return std::string(c.name);
+  return std::to_string(static_cast<long long>(value));
+}
+template <choice_enum E>
+std::string choice_error(std::string_view name) {
+  return "expected one of " + quoted_list(choice_names<E>()) + did_you_mean(std::string(name), choice_names<E>());
+}
+}  // namespace detail
 
 // A check takes the value and returns an error text ("expected ...") or nothing.
 namespace checks {
@@ -100,6 +146,11 @@ inline std::string value_text(double v) {
   out << v;
   return out.str();
 }
+template <choice_enum E>
+std::string value_text(E v) {
+  const auto name = choice_name(v);
+  return parse_choice<E>(name) ? "'" + name + "'" : name;
+}
 template <class T>
 std::string value_text(const std::vector<T>& values) {
   std::string text = "[";
@@ -112,8 +163,11 @@ struct check_visitor {
   std::vector<std::string> errors;
   template <class T, class Check>
   void field(std::string_view key, T& value, std::string_view /*help*/, Check&& check) {
-    if (auto error = check(value))
-      errors.push_back(table + "." + std::string(key) + " = " + value_text(value) + ": " + *error);
+    std::optional<std::string> error;
+    if constexpr (choice_enum<T>)
+      if (!parse_choice<T>(choice_name(value))) error = "expected one of " + quoted_list(choice_names<T>());
+    if (!error) error = check(value);
+    if (error) errors.push_back(table + "." + std::string(key) + " = " + value_text(value) + ": " + *error);
   }
   template <class T>
   void field(std::string_view key, T& value, std::string_view help) {

@@ -48,7 +48,7 @@ class ddp : public kiln::detail::replicated_base {
     double bucket_mb = 25.0;       // torch DDP's bucket_cap_mb
     double first_bucket_mb = 1.0;  // torch DDP's _DEFAULT_FIRST_BUCKET_BYTES
     bool broadcast_buffers = true;  // torch DDP's broadcast_buffers
-    std::string backend = "auto";  // c10d backend: NCCL on GPUs where built, else Gloo
+    c10d_backend backend = c10d_backend::automatic;  // NCCL on GPUs where built, else Gloo
     double timeout_s = 300.0;      // a peer silent this long fails the job
     template <class V>
     void describe(V& v) {
@@ -59,8 +59,7 @@ class ddp : public kiln::detail::replicated_base {
       v.field("broadcast_buffers", broadcast_buffers,
               "give every rank rank 0's buffers (BatchNorm statistics) after every optimizer step");
       v.field("backend", backend,
-              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl",
-              checks::one_of({"auto", "gloo", "nccl"}));
+              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl");
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);

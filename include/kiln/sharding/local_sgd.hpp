@@ -33,7 +33,7 @@ class local_sgd : public kiln::detail::replicated_base {
   struct settings {
     std::int64_t sync_every = 8;  // optimizer steps between parameter averages
     double bucket_mb = 25.0;
-    std::string backend = "auto";  // c10d backend: NCCL on GPUs where built, else Gloo
+    c10d_backend backend = c10d_backend::automatic;  // NCCL on GPUs where built, else Gloo
     double timeout_s = 300.0;
     template <class V>
     void describe(V& v) {
@@ -42,8 +42,7 @@ class local_sgd : public kiln::detail::replicated_base {
       v.field("bucket_mb", bucket_mb, "parameter bucket size in MB: one all-reduce per bucket per average",
               checks::positive);
       v.field("backend", backend,
-              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl",
-              checks::one_of({"auto", "gloo", "nccl"}));
+              "c10d backend: auto (NCCL where LibTorch has it and a GPU is visible, else Gloo), gloo or nccl");
       v.field("timeout_s", timeout_s,
               "seconds a collective waits for a silent rank before the job fails (a rank that exits fails it at once)",
               checks::positive);

@@ -42,6 +42,15 @@
 #include "kiln/precision/detail/convert_kernel.hpp"
 #include "kiln/settings/fields.hpp"
 
+namespace kiln::precision {
+// [precision] cpu_matmul of the bf16 policies: how bf16 matmuls run on the CPU.
+enum class matmul_mode { automatic, fp32, bf16 };
+constexpr auto choices(matmul_mode) {
+  return std::to_array<kiln::choice<matmul_mode>>(
+      {{"auto", matmul_mode::automatic}, {"fp32", matmul_mode::fp32}, {"bf16", matmul_mode::bf16}});
+}
+}  // namespace kiln::precision
+
 namespace kiln::precision::detail {
 
 // Whether LibTorch gives this CPU oneDNN's bf16 GEMM (fp32 accumulation, AVX-512 speed).
@@ -155,13 +164,12 @@ inline constexpr const char* cpu_matmul_help =
     "bf16 matmuls on the CPU: \"auto\" computes them in fp32 from the bf16 operands where LibTorch has no "
     "fast bf16 GEMM for this CPU (no AVX-512 BW/VL/DQ: its own is a scalar loop accumulating in bf16), "
     "\"fp32\" does so on every CPU, \"bf16\" always uses LibTorch's";
-inline auto cpu_matmul_choices() { return kiln::checks::one_of({"auto", "fp32", "bf16"}); }
 
 // What a bf16 policy holds for its lifetime: the matmul replacement where `cpu_matmul` asks for
 // it, and the LayerNorm rule.
 struct cpu_bf16_kernels {
-  explicit cpu_bf16_kernels(const std::string& cpu_matmul) {
-    if (cpu_matmul == "fp32" || (cpu_matmul == "auto" && !cpu_has_onednn_bf16_gemm()))
+  explicit cpu_bf16_kernels(matmul_mode cpu_matmul) {
+    if (cpu_matmul == matmul_mode::fp32 || (cpu_matmul == matmul_mode::automatic && !cpu_has_onednn_bf16_gemm()))
       matmuls = fp32_cpu_matmuls::acquire();
     layer_norm = layer_norm_autocast_rule::acquire();
   }

@@ -20,11 +20,11 @@
 namespace kiln::detail {
 
 // The process group of a job started by `kiln launch` or torchrun; a clear error otherwise.
-// `backend`: the policy's setting, "auto", "gloo" or "nccl".
+// `backend`: the policy's setting.
 inline std::unique_ptr<process_group> join_process_group(std::string_view kind, double timeout_s,
-                                                         std::string_view backend_name) {
+                                                         c10d_backend setting) {
   auto env = read_dist_env();
-  const auto backend = resolve_backend(backend_name, "[sharding] backend", env ? env->local_world : 1);
+  const auto backend = resolve_backend(setting, "[sharding] backend", env ? env->local_world : 1);
   if (!env)
     throw config_error("[sharding] kind = \"" + std::string(kind) +
                        "\" needs its ranks started together: run `kiln launch -n N RECIPE`, or torchrun, which set "
@@ -160,7 +160,7 @@ inline void sync_tensors(process_group& group, std::vector<param_bucket>& bucket
 // The members every sharding policy has, for a policy holding a process group.
 class replicated_base {
  public:
-  replicated_base(std::string_view kind, double timeout_s, std::string_view backend)
+  replicated_base(std::string_view kind, double timeout_s, c10d_backend backend)
       : group_(join_process_group(kind, timeout_s, backend)) {}
 
   std::int64_t rank() const { return group_->rank(); }
