@@ -33,7 +33,6 @@
 #include "kiln/io/state.hpp"
 #include "kiln/loss.hpp"
 #include "kiln/models/cross_entropy.hpp"
-#include "kiln/profiler/profile.hpp"
 #include "kiln/progress.hpp"
 #include "kiln/run_directory.hpp"
 #include "kiln/threads.hpp"
