@@ -34,6 +34,7 @@ struct step_info {
   double grad_norm = -1.0;  // -1 when not measured (no clipping)
   bool skipped = false;     // non-finite gradients: no update
   double steps_per_second = 0.0;
+  bool log_step = false;  // a step the run records: every [train] log_every steps, and the last
   line_printer print;
 };
 

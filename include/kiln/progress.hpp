@@ -163,8 +163,7 @@ class progress_display {
 // and the printer other callbacks write through.
 class progress_callback : public callback {
  public:
-  progress_callback(bool live, bool results, std::int64_t log_every)
-      : display_(live, results), log_every_(log_every) {}
+  progress_callback(bool live, bool results) : display_(live, results) {}
 
   line_printer printer() {
     return line_printer{[this](const std::string& text) { display_.print(text); }};
@@ -175,7 +174,7 @@ class progress_callback : public callback {
     display_.begin(start_step, total_steps);
   }
   control on_step_end(const step_info& s) override {
-    display_.update(s.step, s.loss, s.lr, s.step % log_every_ == 0 || s.step == s.total_steps);
+    display_.update(s.step, s.loss, s.lr, s.log_step);
     return control::proceed;
   }
   control on_eval(const eval_info& e) override {
@@ -188,19 +187,18 @@ class progress_callback : public callback {
 
  private:
   progress_display display_;
-  std::int64_t log_every_;
 };
 
-// metrics.jsonl as a callback: every `log_every` steps (and the last) a line with the mean loss
-// since the previous one, and a line per evaluation.
+// metrics.jsonl as a callback: on each log step (every [train] log_every steps, and the last) a
+// line with the mean loss since the previous one, and a line per evaluation.
 class metrics_callback : public callback {
  public:
-  metrics_callback(metrics_log log, std::int64_t log_every) : log_(std::move(log)), log_every_(log_every) {}
+  explicit metrics_callback(metrics_log log) : log_(std::move(log)) {}
 
   control on_step_end(const step_info& s) override {
     loss_sum_ += s.loss;
     ++steps_;
-    if (s.step % log_every_ != 0 && s.step != s.total_steps) return control::proceed;
+    if (!s.log_step) return control::proceed;
     json_line line;
     line.add("step", s.step).add("epoch", s.epoch).add("loss", loss_sum_ / static_cast<double>(steps_)).add("lr", s.lr);
     if (s.grad_norm >= 0) line.add("grad_norm", s.grad_norm);
@@ -220,7 +218,6 @@ class metrics_callback : public callback {
 
  private:
   metrics_log log_;
-  std::int64_t log_every_;
   double loss_sum_ = 0.0;  // step losses since the last line
   std::int64_t steps_ = 0;
 };

@@ -161,9 +161,9 @@ class trainer {
     const run_directory run(options_.run_dir, options_.recipe_text, options_.fingerprint);
     std::int64_t step = open_run(run, module, train);
 
-    auto progress = std::make_shared<progress_callback>(options_.progress && main, main, options_.log_every);
+    auto progress = std::make_shared<progress_callback>(options_.progress && main, main);
     std::vector<std::shared_ptr<callback>> observers{
-        progress, std::make_shared<metrics_callback>(main ? run.metrics() : metrics_log(), options_.log_every)};
+        progress, std::make_shared<metrics_callback>(main ? run.metrics() : metrics_log())};
     observers.insert(observers.end(), callbacks_.begin(), callbacks_.end());
     const line_printer printer = progress->printer();
     for (auto& c : observers) c->on_fit_begin(step, options_.steps);
@@ -191,6 +191,7 @@ class trainer {
       step = info.step;
       if (threads) threads->between_steps();
       info.total_steps = options_.steps;
+      info.log_step = step % options_.log_every == 0 || step == options_.steps;
       info.steps_per_second = progress->steps_per_second(step);
       info.print = printer;
       summary.final_train_loss = info.loss;
@@ -215,7 +216,7 @@ class trainer {
     summary.stopped_early = step < options_.steps;
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (threads) summary.threads = threads->threads(), summary.thread_changes = threads->changes();
-    for (auto& c : observers) c->on_fit_end(summary);
+    progress->on_fit_end(summary);  // the live line goes before the profiler's report prints
     auto& profiler = acc_->profiler();
     if constexpr (requires { profiler.finish(run.profile_dir()); }) {
       if (diagnostics_ && !diagnostics_->last_report().empty())
@@ -226,6 +227,9 @@ class trainer {
       run.save_state(collect_state(module, train));
       if (!summary.stopped_early) run.write_summary(summary_json(summary));
     }
+    // The other callbacks last, so that the final state and summary.json are there to read.
+    for (auto& c : observers)
+      if (c != progress) c->on_fit_end(summary);
     return summary;
   }
 

@@ -49,13 +49,13 @@ const Entry& registered_entry(const std::vector<Entry>& entries, const recipe& r
 // A dataset error names the file it could not read; this adds which line of the recipe (or which
 // --set) pointed there, so that a typo in data.path is found where it was made.
 inline dataset_pair load_data(const recipe& r) {
-  const auto* entry = &registered_entry(registered_datasets(), r, "data", r.data.kind);
+  const auto& entry = registered_entry(registered_datasets(), r, "data", r.data.kind);
   const toml::node* path = r.document.at_path("data.path").node();
   const std::string where = path ? r.sources.where("data.path", path->source()) : r.file.string();
   std::string what = "[data] kind = \"" + r.data.kind + "\"";
   if (const auto value = path ? path->value<std::string>() : std::nullopt) what += ", path = \"" + *value + "\"";
   try {
-    data::loaded loaded = entry->make(r.data.own, data_request{static_cast<std::uint64_t>(r.train.seed)});
+    data::loaded loaded = entry.make(r.data.own, data_request{static_cast<std::uint64_t>(r.train.seed)});
     auto info = data_info::of(r.data.kind, loaded);
     return {std::move(loaded.train), std::move(loaded.eval), std::move(info)};
   } catch (const data_error& e) {

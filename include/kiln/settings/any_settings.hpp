@@ -8,6 +8,7 @@
 // therefore not depend on values read in the same call. This header does not depend on LibTorch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,12 +46,6 @@ using any_field = std::variant<recorded_field<bool>, recorded_field<std::int64_t
                                recorded_field<std::string>, recorded_field<std::vector<std::int64_t>>,
                                recorded_field<std::vector<double>>, recorded_field<std::vector<std::string>>,
                                recorded_choice>;
-
-inline bool contains(const std::vector<std::string>& names, const std::string& name) {
-  for (const auto& n : names)
-    if (n == name) return true;
-  return false;
-}
 
 struct field_recorder {
   std::vector<any_field> fields;
@@ -113,7 +108,7 @@ class any_settings {
             if constexpr (std::is_same_v<F, detail::recorded_choice>) {
               std::string name = f.name();
               v.field(f.key, name, f.help, checks::one_of(f.names));
-              if (detail::contains(f.names, name)) f.set(name);
+              if (std::ranges::find(f.names, name) != f.names.end()) f.set(name);
             } else {
               v.field(f.key, *f.value, f.help, f.check);
             }

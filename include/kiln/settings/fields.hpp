@@ -65,7 +65,14 @@ std::optional<E> parse_choice(std::string_view name) {
     if (c.name == name) return c.value;
   return std::nullopt;
 }
-// The value's name; a value no name stands for (cast from a number) shows as that number.
+// Whether a name stands for the value (not so for one cast from an out-of-range number).
+template <choice_enum E>
+bool is_named(E value) {
+  for (const auto& c : choices(E{}))
+    if (c.value == value) return true;
+  return false;
+}
+// The value's name; a value no name stands for shows as that number.
 template <choice_enum E>
 std::string choice_name(E value) {
   for (const auto& c : choices(E{}))
@@ -148,8 +155,7 @@ inline std::string value_text(double v) {
 }
 template <choice_enum E>
 std::string value_text(E v) {
-  const auto name = choice_name(v);
-  return parse_choice<E>(name) ? "'" + name + "'" : name;
+  return is_named(v) ? "'" + choice_name(v) + "'" : choice_name(v);
 }
 template <class T>
 std::string value_text(const std::vector<T>& values) {
@@ -165,7 +171,7 @@ struct check_visitor {
   void field(std::string_view key, T& value, std::string_view /*help*/, Check&& check) {
     std::optional<std::string> error;
     if constexpr (choice_enum<T>)
-      if (!parse_choice<T>(choice_name(value))) error = "expected one of " + quoted_list(choice_names<T>());
+      if (!is_named(value)) error = "expected one of " + quoted_list(choice_names<T>());
     if (!error) error = check(value);
     if (error) errors.push_back(table + "." + std::string(key) + " = " + value_text(value) + ": " + *error);
   }
