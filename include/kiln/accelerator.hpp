@@ -96,21 +96,17 @@ template <class... Ps>
 class accelerator {
  public:
   using policies = policy_pack<Ps...>;
-  using precision_t = typename policies::precision;
-  using accumulation_t = typename policies::accumulation;
-  using checkpointing_t = typename policies::checkpointing;
-  using sharding_t = typename policies::sharding;
-  using optimizer_t = typename policies::optimizer;
-  using profiler_t = typename policies::profiler;
+  // Per axis (kiln/axes.hpp) a type, a settings member, a policy member and its accessor:
+  // precision_t, settings::precision, precision_ and precision(); optimizer_t, ...
+#define KILN_DETAIL_POLICY_TYPE(axis_name, default_policy) using axis_name##_t = typename policies::axis_name;
+  KILN_AXES(KILN_DETAIL_POLICY_TYPE)
+#undef KILN_DETAIL_POLICY_TYPE
 
   // One member per axis, each the policy's own settings struct, plus what belongs to no axis.
   struct settings {
-    typename precision_t::settings precision{};
-    typename accumulation_t::settings accumulation{};
-    typename checkpointing_t::settings checkpointing{};
-    typename sharding_t::settings sharding{};
-    typename optimizer_t::settings optimizer{};
-    typename profiler_t::settings profiler{};
+#define KILN_DETAIL_SETTINGS_MEMBER(axis_name, default_policy) typename axis_name##_t::settings axis_name{};
+    KILN_AXES(KILN_DETAIL_SETTINGS_MEMBER)
+#undef KILN_DETAIL_SETTINGS_MEMBER
     schedule scheduler{};          // kiln/schedule.hpp: e.g. kiln::schedules::cosine{.warmup_steps = 100}
     double clip_grad_norm = 0.0;   // max global L2 norm of the gradients; 0 = no clipping
     std::int64_t total_steps = 0;  // optimizer steps in the run, for decaying schedules
@@ -125,12 +121,9 @@ class accelerator {
       if constexpr (requires(detail::check_visitor v) { part.describe(v); })
         for (auto& e : kiln::validate(part, std::string(table))) errors.push_back(std::move(e));
     };
-    check(s.precision, axis::precision::name);
-    check(s.accumulation, axis::accumulation::name);
-    check(s.checkpointing, axis::checkpointing::name);
-    check(s.sharding, axis::sharding::name);
-    check(s.optimizer, axis::optimizer::name);
-    check(s.profiler, axis::profiler::name);
+#define KILN_DETAIL_CHECK(axis_name, default_policy) check(s.axis_name, axis::axis_name::name);
+    KILN_AXES(KILN_DETAIL_CHECK)
+#undef KILN_DETAIL_CHECK
     check(s.scheduler, "scheduler");
     if (auto e = checks::non_negative(s.clip_grad_norm))
       errors.push_back("train.clip_grad_norm = " + detail::value_text(s.clip_grad_norm) + ": " + *e);
@@ -140,12 +133,9 @@ class accelerator {
 
   explicit accelerator(settings s = {})
       : settings_(checked(std::move(s))),
-        precision_(settings_.precision),
-        accumulation_(settings_.accumulation),
-        checkpointing_(settings_.checkpointing),
-        sharding_(settings_.sharding),
-        optimizer_(settings_.optimizer),
-        profiler_(settings_.profiler),
+#define KILN_DETAIL_INIT(axis_name, default_policy) axis_name##_(settings_.axis_name),
+        KILN_AXES(KILN_DETAIL_INIT)
+#undef KILN_DETAIL_INIT
         device_(resolve_device(settings_.device)),
         window_(accumulation_.micro_steps()) {
     // A precision policy that depends on the device (fp16: CUDA, or a CPU autocast with float16)
@@ -343,12 +333,10 @@ class accelerator {
   }
 
   const settings& config() const { return settings_; }
-  precision_t& precision() { return precision_; }
-  accumulation_t& accumulation() { return accumulation_; }
-  checkpointing_t& checkpointing() { return checkpointing_; }
-  sharding_t& sharding() { return sharding_; }
-  optimizer_t& optimizer() { return optimizer_; }
-  profiler_t& profiler() { return profiler_; }
+#define KILN_DETAIL_ACCESSOR(axis_name, default_policy) \
+  axis_name##_t& axis_name() { return axis_name##_; }
+  KILN_AXES(KILN_DETAIL_ACCESSOR)
+#undef KILN_DETAIL_ACCESSOR
   const std::vector<torch::Tensor>& parameters() const { return params_; }
 
  private:
@@ -362,12 +350,9 @@ class accelerator {
   }
 
   settings settings_;
-  precision_t precision_;
-  accumulation_t accumulation_;
-  checkpointing_t checkpointing_;
-  sharding_t sharding_;
-  optimizer_t optimizer_;
-  profiler_t profiler_;
+#define KILN_DETAIL_POLICY_MEMBER(axis_name, default_policy) axis_name##_t axis_name##_;
+  KILN_AXES(KILN_DETAIL_POLICY_MEMBER)
+#undef KILN_DETAIL_POLICY_MEMBER
   torch::Device device_;
 
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;

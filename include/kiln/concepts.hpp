@@ -1,5 +1,4 @@
-// kiln/concepts.hpp: the six policy axes, what a policy on each must provide, and how a
-// pack of policies given in any order resolves to one policy per axis.
+// kiln/concepts.hpp: what a policy on each axis (kiln/axes.hpp) must provide.
 //
 // A policy names its axis with `using axis = kiln::axis::<name>;`. The members each axis
 // requires are listed once below, both as a C++20 concept (for users who constrain their own
@@ -16,18 +15,10 @@
 
 #include <torch/torch.h>
 
+#include "kiln/axes.hpp"
 #include "kiln/settings/fields.hpp"
 
 namespace kiln {
-
-namespace axis {
-struct precision { static constexpr std::string_view name = "precision"; };
-struct accumulation { static constexpr std::string_view name = "accumulation"; };
-struct checkpointing { static constexpr std::string_view name = "checkpointing"; };
-struct sharding { static constexpr std::string_view name = "sharding"; };
-struct optimizer { static constexpr std::string_view name = "optimizer"; };
-struct profiler { static constexpr std::string_view name = "profiler"; };
-}  // namespace axis
 
 // Phases of a training step, as the profiler axis sees them.
 enum class phase { data, forward, backward, optimizer, communication, evaluation };
@@ -182,10 +173,14 @@ inline constexpr bool on_axis = [] {
   else return false;
 }();
 
+#define KILN_DETAIL_OR_ON_AXIS(axis_name, default_policy) || on_axis<axis::axis_name, P>
 template <class P>
-inline constexpr bool on_known_axis =
-    on_axis<axis::precision, P> || on_axis<axis::accumulation, P> || on_axis<axis::checkpointing, P> ||
-    on_axis<axis::sharding, P> || on_axis<axis::optimizer, P> || on_axis<axis::profiler, P>;
+inline constexpr bool on_known_axis = false KILN_AXES(KILN_DETAIL_OR_ON_AXIS);
+#undef KILN_DETAIL_OR_ON_AXIS
+
+// The axes' names for messages: "kiln::axis::{ precision accumulation ... }".
+#define KILN_DETAIL_AXIS_NAME(axis_name, default_policy) " " #axis_name
+#define KILN_DETAIL_AXIS_NAMES "kiln::axis::{" KILN_AXES(KILN_DETAIL_AXIS_NAME) " }"
 
 // False for every P, for a static_assert that fires only where it is instantiated: in the
 // branch of the first check a type fails.
@@ -198,11 +193,10 @@ template <class P>
 consteval bool check_policy_basics() {
   if constexpr (!names_an_axis<P>) {
     static_assert(missing<P>, "kiln: this type is not a policy: it has no member `using axis = kiln::axis::<name>;` "
-                              "(one of precision, accumulation, checkpointing, sharding, optimizer, profiler)");
+                              "(<name> one of " KILN_DETAIL_AXIS_NAMES ")");
     return false;
   } else if constexpr (!on_known_axis<P>) {
-    static_assert(missing<P>, "kiln: this type is not a policy: its `axis` member is none of kiln::axis::precision, "
-                              "accumulation, checkpointing, sharding, optimizer, profiler");
+    static_assert(missing<P>, "kiln: this type is not a policy: its `axis` member is none of " KILN_DETAIL_AXIS_NAMES);
     return false;
   } else if constexpr (!has_kind<P>) {
     static_assert(missing<P>, "kiln: policy is missing `static constexpr std::string_view kind` (its TOML kind)");
@@ -217,6 +211,8 @@ consteval bool check_policy_basics() {
     return true;
   }
 }
+#undef KILN_DETAIL_AXIS_NAMES
+#undef KILN_DETAIL_AXIS_NAME
 
 }  // namespace detail
 

@@ -21,14 +21,12 @@
 
 namespace kiln {
 
-// The default of each axis, used when a pack does not name one.
+// The default of each axis (kiln/axes.hpp's second column), used when a pack does not name one:
+// kiln::defaults::precision is kiln::precision::fp32, and so on.
 namespace defaults {
-using precision = kiln::precision::fp32;
-using accumulation = kiln::accumulation::steps;
-using checkpointing = kiln::checkpointing::none;
-using sharding = kiln::sharding::single;
-using optimizer = kiln::optim::sgd;
-using profiler = kiln::profiler::none;
+#define KILN_DETAIL_DEFAULT(axis_name, default_policy) using axis_name = default_policy;
+KILN_AXES(KILN_DETAIL_DEFAULT)
+#undef KILN_DETAIL_DEFAULT
 }  // namespace defaults
 
 namespace detail {
@@ -55,23 +53,15 @@ struct policy_pack {
  private:
   static constexpr bool each_is_a_policy = (true && ... && check_policy<Ps>());
 
-  static constexpr bool one_per_axis =
-      detail::count_on_axis<axis::precision, Ps...> <= 1 && detail::count_on_axis<axis::accumulation, Ps...> <= 1 &&
-      detail::count_on_axis<axis::checkpointing, Ps...> <= 1 && detail::count_on_axis<axis::sharding, Ps...> <= 1 &&
-      detail::count_on_axis<axis::optimizer, Ps...> <= 1 && detail::count_on_axis<axis::profiler, Ps...> <= 1;
+#define KILN_DETAIL_AT_MOST_ONE(axis_name, default_policy) &&detail::count_on_axis<axis::axis_name, Ps...> <= 1
+  static constexpr bool one_per_axis = true KILN_AXES(KILN_DETAIL_AT_MOST_ONE);
+#undef KILN_DETAIL_AT_MOST_ONE
 
-  static_assert(detail::count_on_axis<axis::precision, Ps...> <= 1,
-                "kiln: two policies on the precision axis: a pack takes at most one policy per axis");
-  static_assert(detail::count_on_axis<axis::accumulation, Ps...> <= 1,
-                "kiln: two policies on the accumulation axis: a pack takes at most one policy per axis");
-  static_assert(detail::count_on_axis<axis::checkpointing, Ps...> <= 1,
-                "kiln: two policies on the checkpointing axis: a pack takes at most one policy per axis");
-  static_assert(detail::count_on_axis<axis::sharding, Ps...> <= 1,
-                "kiln: two policies on the sharding axis: a pack takes at most one policy per axis");
-  static_assert(detail::count_on_axis<axis::optimizer, Ps...> <= 1,
-                "kiln: two policies on the optimizer axis: a pack takes at most one policy per axis");
-  static_assert(detail::count_on_axis<axis::profiler, Ps...> <= 1,
-                "kiln: two policies on the profiler axis: a pack takes at most one policy per axis");
+#define KILN_DETAIL_ASSERT_ONE(axis_name, default_policy)           \
+  static_assert(detail::count_on_axis<axis::axis_name, Ps...> <= 1, \
+                "kiln: two policies on the " #axis_name " axis: a pack takes at most one policy per axis");
+  KILN_AXES(KILN_DETAIL_ASSERT_ONE)
+#undef KILN_DETAIL_ASSERT_ONE
 
  public:
   // False when a static_assert above has fired; the types below are then the defaults.
@@ -80,12 +70,10 @@ struct policy_pack {
   template <class Axis, class Default>
   using pick = std::conditional_t<valid, detail::select_on_axis_t<Axis, Default, Ps...>, Default>;
 
-  using precision = pick<axis::precision, defaults::precision>;
-  using accumulation = pick<axis::accumulation, defaults::accumulation>;
-  using checkpointing = pick<axis::checkpointing, defaults::checkpointing>;
-  using sharding = pick<axis::sharding, defaults::sharding>;
-  using optimizer = pick<axis::optimizer, defaults::optimizer>;
-  using profiler = pick<axis::profiler, defaults::profiler>;
+  // One member type per axis: policy_pack<...>::precision, ::optimizer, ...
+#define KILN_DETAIL_PICK(axis_name, default_policy) using axis_name = pick<axis::axis_name, defaults::axis_name>;
+  KILN_AXES(KILN_DETAIL_PICK)
+#undef KILN_DETAIL_PICK
 };
 
 }  // namespace kiln

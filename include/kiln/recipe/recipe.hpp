@@ -272,10 +272,11 @@ struct recipe {
 namespace detail {
 
 inline const std::set<std::string>& known_tables() {
-  static const std::set<std::string> tables = {"recipe",        "model",     "data",      "loss",      "train",
-                                               "scheduler",     "run",       "diagnostics", "precision",
-                                               "accumulation",  "checkpointing", "sharding", "optimizer",
-                                               "profiler"};
+#define KILN_DETAIL_AXIS_TABLE(axis_name, default_policy) #axis_name,
+  static const std::set<std::string> tables = {"recipe", "model", "data",        "loss",
+                                               "train",  "scheduler", "run", "diagnostics",
+                                               KILN_AXES(KILN_DETAIL_AXIS_TABLE)};
+#undef KILN_DETAIL_AXIS_TABLE
   return tables;
 }
 

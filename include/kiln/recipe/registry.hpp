@@ -38,20 +38,20 @@
 
 namespace kiln {
 
-inline constexpr std::array<std::string_view, 6> axis_names = {"precision",  "accumulation", "checkpointing",
-                                                               "sharding",   "optimizer",    "profiler"};
+// The axes' names, in kiln/axes.hpp's order: a recipe's [precision], [accumulation], ... tables.
+#define KILN_DETAIL_AXIS_NAME(axis_name, default_policy) axis::axis_name::name,
+inline constexpr auto axis_names = std::to_array<std::string_view>({KILN_AXES(KILN_DETAIL_AXIS_NAME)});
+#undef KILN_DETAIL_AXIS_NAME
 
-inline constexpr std::size_t profiler_axis = axis_names.size() - 1;
-static_assert(axis_names[profiler_axis] == "profiler");
+inline constexpr std::size_t profiler_axis =
+    static_cast<std::size_t>(std::ranges::find(axis_names, axis::profiler::name) - axis_names.begin());
 
 // The kind an axis takes when a recipe leaves it out: its default policy's (kiln/policies.hpp).
 inline constexpr std::string_view default_kind(std::string_view axis) {
-  if (axis == axis::precision::name) return defaults::precision::kind;
-  if (axis == axis::accumulation::name) return defaults::accumulation::kind;
-  if (axis == axis::checkpointing::name) return defaults::checkpointing::kind;
-  if (axis == axis::sharding::name) return defaults::sharding::kind;
-  if (axis == axis::optimizer::name) return defaults::optimizer::kind;
-  if (axis == axis::profiler::name) return defaults::profiler::kind;
+#define KILN_DETAIL_DEFAULT_KIND(axis_name, default_policy) \
+  if (axis == axis::axis_name::name) return defaults::axis_name::kind;
+  KILN_AXES(KILN_DETAIL_DEFAULT_KIND)
+#undef KILN_DETAIL_DEFAULT_KIND
   return {};
 }
 

@@ -109,12 +109,9 @@ template <class Trainer>
 typename Trainer::accelerator_t::settings read_policy_settings(const recipe& r) {
   using acc_t = typename Trainer::accelerator_t;
   typename acc_t::settings s;
-  r.read_axis(axis::precision::name, s.precision);
-  r.read_axis(axis::accumulation::name, s.accumulation);
-  r.read_axis(axis::checkpointing::name, s.checkpointing);
-  r.read_axis(axis::sharding::name, s.sharding);
-  r.read_axis(axis::optimizer::name, s.optimizer);
-  r.read_axis(axis::profiler::name, s.profiler);
+#define KILN_DETAIL_READ_AXIS(axis_name, default_policy) r.read_axis(axis::axis_name::name, s.axis_name);
+  KILN_AXES(KILN_DETAIL_READ_AXIS)
+#undef KILN_DETAIL_READ_AXIS
   // A recipe's profilers may be a subset of those compiled in (kiln::cli::find_combination).
   if constexpr (requires { s.profiler.only; })
     if (r.kinds[profiler_axis] != acc_t::profiler_t::kind) s.profiler.only = r.kinds[profiler_axis];
@@ -130,12 +127,15 @@ std::pair<std::string, std::string> resolve_recipe(const recipe& r) {
   using acc_t = typename Trainer::accelerator_t;
   auto s = read_policy_settings<Trainer>(r);
   std::ostringstream axes;
-  detail::write_axis(axes, axis::precision::name, acc_t::precision_t::kind, s.precision);
-  detail::write_axis(axes, axis::accumulation::name, acc_t::accumulation_t::kind, s.accumulation);
-  detail::write_axis(axes, axis::checkpointing::name, acc_t::checkpointing_t::kind, s.checkpointing);
-  detail::write_axis(axes, axis::sharding::name, acc_t::sharding_t::kind, s.sharding);
-  detail::write_axis(axes, axis::optimizer::name, acc_t::optimizer_t::kind, s.optimizer);
-  detail::write_axis(axes, axis::profiler::name, r.kinds[profiler_axis], s.profiler);
+  // Each axis's kind as compiled in, but the profiler's: the recipe's subset of those compiled in.
+  auto kind = [&]<class Axis, class Policy>() -> std::string_view {
+    if constexpr (std::is_same_v<Axis, axis::profiler>) return r.kinds[profiler_axis];
+    else return Policy::kind;
+  };
+#define KILN_DETAIL_WRITE_AXIS(axis_name, default_policy) \
+  detail::write_axis(axes, axis::axis_name::name, kind.template operator()<axis::axis_name, typename acc_t::axis_name##_t>(), s.axis_name);
+  KILN_AXES(KILN_DETAIL_WRITE_AXIS)
+#undef KILN_DETAIL_WRITE_AXIS
   auto text = r.resolved([&](std::ostream& out) { out << axes.str(); });
 
   std::ostringstream fingerprint;
