@@ -21,8 +21,9 @@ TEST_SUITE("device") {
                          doctest::Contains("[train] device = \"gpu\": expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
                          kiln::config_error);
     CHECK_THROWS_AS(kiln::resolve_device("cuda:x"), kiln::config_error);
-    CHECK(kiln::is_device_name("cuda:12"));
-    CHECK_FALSE(kiln::is_device_name("CPU"));
+    for (const char* name : {"auto", "cpu", "cuda", "cuda:0", "cuda:12"}) CHECK(kiln::is_device_name(name));
+    for (const char* name : {"CPU", "", "cuda:", "cuda:-1", "cuda: 1", "cuda:1x", " cpu", "cuda0", "cuda:1234567890"})
+      CHECK_FALSE(kiln::is_device_name(name));
   }
 
   TEST_CASE("without CUDA, asking for it is an error that says why, in the recipe and the loader") {
