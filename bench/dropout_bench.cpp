@@ -11,6 +11,7 @@
 // reported is the median over rounds. Output: JSON lines.
 #include <kiln/kiln.hpp>
 #include <kiln/models.hpp>
+#include <kiln/models/detail/dropout_kernel.hpp>  // the kernel itself, besides the op
 
 #include "bench_common.hpp"
 

@@ -14,6 +14,7 @@
 
 #include "kiln/errors.hpp"
 #include "kiln/models/cross_entropy.hpp"
+#include "kiln/models/detail/cross_entropy_kernel.hpp"  // the kernel itself, besides the op
 #include "kiln/profiler/memory_meter.hpp"
 
 #include <doctest/doctest.h>

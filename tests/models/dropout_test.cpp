@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/models/detail/dropout_kernel.hpp"  // the kernel itself, besides the op
 #include "kiln/models/dropout.hpp"
 #include "kiln/profiler/memory_meter.hpp"
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kiln/models/detail/gelu_kernel.hpp"  // the kernel itself, besides the op
 #include "kiln/models/gelu.hpp"
 
 #include <doctest/doctest.h>

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kiln/models/detail/layer_norm_kernel.hpp"  // the kernel itself, besides the op
 #include "kiln/models/layer_norm.hpp"
 #include "kiln/precision/bf16.hpp"
 

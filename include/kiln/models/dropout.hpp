@@ -16,44 +16,14 @@
 // LibTorch's dropout.
 #pragma once
 
-#include <ATen/record_function.h>
 #include <torch/torch.h>
 
-#include <cstdint>
 #include <string>
-#include <vector>
 
+#include "kiln/detail/kernels.hpp"
 #include "kiln/errors.hpp"
-#include "kiln/models/detail/dropout_kernel.hpp"
 
 namespace kiln::detail {
-
-// A mask travels from forward to backward in the node's saved data: three numbers, no tensor.
-inline void save_dropout_mask(torch::autograd::AutogradContext* ctx, const dropout_mask& m) {
-  ctx->saved_data["seed"] = static_cast<std::int64_t>(m.seed);
-  ctx->saved_data["keep_threshold"] = static_cast<std::int64_t>(m.keep_threshold);
-  ctx->saved_data["scale"] = static_cast<double>(m.scale);
-}
-inline dropout_mask saved_dropout_mask(torch::autograd::AutogradContext* ctx) {
-  return {.seed = static_cast<std::uint64_t>(ctx->saved_data["seed"].toInt()),
-          .keep_threshold = static_cast<std::uint32_t>(ctx->saved_data["keep_threshold"].toInt()),
-          .scale = static_cast<float>(ctx->saved_data["scale"].toDouble())};
-}
-
-// The autograd node: keeps only the mask's key, and masks and scales the gradient with the
-// mask recomputed from it.
-struct dropout_function : torch::autograd::Function<dropout_function> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double p) {
-    const auto mask = draw_dropout_mask(p);
-    save_dropout_mask(ctx, mask);
-    return apply_dropout_mask(x, mask);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    return {apply_dropout_mask(grads[0], saved_dropout_mask(ctx)), torch::Tensor()};
-  }
-};
 
 inline double checked_dropout_probability(double p) {
   if (!(p >= 0.0 && p <= 1.0))
@@ -67,17 +37,7 @@ namespace kiln::models {
 
 // x with each element zeroed with probability p and the rest scaled by 1 / (1 - p) when
 // training; x itself otherwise.
-inline torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training) {
-  detail::checked_dropout_probability(p);
-  if (!training || p == 0.0) return x;
-  if (p == 1.0 || !detail::fused_dropout_applies(x)) return torch::dropout(x, p, training);
-  // One op to profilers and kiln's diagnostics, as LibTorch's dropout is: they then see its
-  // result, not the half-finished buffers it is built from. (`guard` is the macro's.)
-  RECORD_FUNCTION("kiln::dropout", std::vector<c10::IValue>{x});
-  auto out = detail::dropout_function::apply(x, p);
-  if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{out});
-  return out;
-}
+KILN_KERNEL_ENTRY torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training);
 
 class dropout_impl : public torch::nn::Cloneable<dropout_impl> {
  public:
@@ -95,3 +55,23 @@ class dropout_impl : public torch::nn::Cloneable<dropout_impl> {
 TORCH_MODULE_IMPL(dropout, dropout_impl);
 
 }  // namespace kiln::models
+
+#if KILN_KERNEL_DEFINITIONS
+#include <ATen/record_function.h>
+
+#include <vector>
+
+#include "kiln/models/detail/dropout_kernel.hpp"
+
+KILN_KERNEL_ENTRY torch::Tensor kiln::models::apply_dropout(const torch::Tensor& x, double p, bool training) {
+  detail::checked_dropout_probability(p);
+  if (!training || p == 0.0) return x;
+  if (p == 1.0 || !detail::fused_dropout_applies(x)) return torch::dropout(x, p, training);
+  // One op to profilers and kiln's diagnostics, as LibTorch's dropout is: they then see its
+  // result, not the half-finished buffers it is built from. (`guard` is the macro's.)
+  RECORD_FUNCTION("kiln::dropout", std::vector<c10::IValue>{x});
+  auto out = detail::dropout_function::apply(x, p);
+  if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{out});
+  return out;
+}
+#endif

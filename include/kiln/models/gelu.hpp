@@ -8,35 +8,26 @@
 // LibTorch's does.
 #pragma once
 
-#include <ATen/record_function.h>
 #include <torch/torch.h>
+
+#include "kiln/detail/kernels.hpp"
+
+namespace kiln::models {
+
+KILN_KERNEL_ENTRY torch::Tensor gelu(const torch::Tensor& x);
+
+}  // namespace kiln::models
+
+#if KILN_KERNEL_DEFINITIONS
+#include <ATen/record_function.h>
 
 #include <vector>
 
 #include "kiln/models/detail/gelu_kernel.hpp"
 
-namespace kiln::detail {
-
-struct gelu_function : torch::autograd::Function<gelu_function> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
-    ctx->save_for_backward({x});
-    return gelu_forward_cpu(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto x = ctx->get_saved_variables()[0];
-    return {gelu_backward_cpu(x, grads[0].to(x.scalar_type()).contiguous())};
-  }
-};
-
-}  // namespace kiln::detail
-
-namespace kiln::models {
-
-inline torch::Tensor gelu(const torch::Tensor& x) {
+KILN_KERNEL_ENTRY torch::Tensor kiln::models::gelu(const torch::Tensor& x) {
   if (!detail::fused_gelu_applies(x)) return torch::gelu(x);
   RECORD_FUNCTION("kiln::gelu", std::vector<c10::IValue>{x});
   return detail::gelu_function::apply(x.contiguous());
 }
-
-}  // namespace kiln::models
+#endif

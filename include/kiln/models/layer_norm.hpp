@@ -11,38 +11,24 @@
 // are cast to the input's (below). Like LibTorch's, the node keeps the input, the weight and two floats per row.
 #pragma once
 
-#include <ATen/record_function.h>
 #include <torch/torch.h>
+
+#include "kiln/detail/kernels.hpp"
+
+namespace kiln::models {
+
+KILN_KERNEL_ENTRY torch::Tensor apply_layer_norm(torch::nn::LayerNormImpl& ln, const torch::Tensor& x);
+
+}  // namespace kiln::models
+
+#if KILN_KERNEL_DEFINITIONS
+#include <ATen/record_function.h>
 
 #include <vector>
 
 #include "kiln/models/detail/layer_norm_kernel.hpp"
 
-namespace kiln::detail {
-
-struct layer_norm_function : torch::autograd::Function<layer_norm_function> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
-    auto [y, moments] = layer_norm_forward_cpu(x, weight, bias, eps);
-    ctx->save_for_backward({x, weight, moments});
-    return y;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    auto dy = grads[0].to(x.scalar_type()).contiguous();
-    auto g = layer_norm_backward_cpu(x, saved[1], saved[2], dy);
-    return {g.input, g.weight, g.bias, torch::Tensor()};
-  }
-};
-
-}  // namespace kiln::detail
-
-namespace kiln::models {
-
-inline torch::Tensor apply_layer_norm(torch::nn::LayerNormImpl& ln, const torch::Tensor& x) {
+KILN_KERNEL_ENTRY torch::Tensor kiln::models::apply_layer_norm(torch::nn::LayerNormImpl& ln, const torch::Tensor& x) {
   // Weight and bias of another dtype than the input (a bf16 activation under autocast, fp32
   // parameters) are cast to the input's, as LibTorch 2.x's layer_norm treats the mix; 1.13 throws.
   auto like_x = [&](const torch::Tensor& t) {
@@ -57,5 +43,4 @@ inline torch::Tensor apply_layer_norm(torch::nn::LayerNormImpl& ln, const torch:
   auto y = detail::layer_norm_function::apply(x.reshape({-1, d}).contiguous(), weight, bias, ln.options.eps());
   return y.view(x.sizes());
 }
-
-}  // namespace kiln::models
+#endif

@@ -281,4 +281,31 @@ inline torch::Tensor apply_dropout_mask(const torch::Tensor& input, const dropou
   return out;
 }
 
+// A mask travels from forward to backward in the node's saved data: three numbers, no tensor.
+inline void save_dropout_mask(torch::autograd::AutogradContext* ctx, const dropout_mask& m) {
+  ctx->saved_data["seed"] = static_cast<std::int64_t>(m.seed);
+  ctx->saved_data["keep_threshold"] = static_cast<std::int64_t>(m.keep_threshold);
+  ctx->saved_data["scale"] = static_cast<double>(m.scale);
+}
+inline dropout_mask saved_dropout_mask(torch::autograd::AutogradContext* ctx) {
+  return {.seed = static_cast<std::uint64_t>(ctx->saved_data["seed"].toInt()),
+          .keep_threshold = static_cast<std::uint32_t>(ctx->saved_data["keep_threshold"].toInt()),
+          .scale = static_cast<float>(ctx->saved_data["scale"].toDouble())};
+}
+
+// The autograd node: keeps only the mask's key, and masks and scales the gradient with the
+// mask recomputed from it.
+struct dropout_function : torch::autograd::Function<dropout_function> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double p) {
+    const auto mask = draw_dropout_mask(p);
+    save_dropout_mask(ctx, mask);
+    return apply_dropout_mask(x, mask);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {apply_dropout_mask(grads[0], saved_dropout_mask(ctx)), torch::Tensor()};
+  }
+};
+
 }  // namespace kiln::detail

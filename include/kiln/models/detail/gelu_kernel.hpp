@@ -128,4 +128,17 @@ inline torch::Tensor gelu_backward_cpu(const torch::Tensor& x, const torch::Tens
   return dx;
 }
 
+// The autograd node of kiln::models::gelu (gelu.hpp): keeps x, as LibTorch's does.
+struct gelu_function : torch::autograd::Function<gelu_function> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    ctx->save_for_backward({x});
+    return gelu_forward_cpu(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto x = ctx->get_saved_variables()[0];
+    return {gelu_backward_cpu(x, grads[0].to(x.scalar_type()).contiguous())};
+  }
+};
+
 }  // namespace kiln::detail

@@ -206,4 +206,24 @@ inline layer_norm_grads layer_norm_backward_cpu(const torch::Tensor& x, const to
   return {dx, totals[0].to(weight.scalar_type()), totals[1].to(weight.scalar_type())};
 }
 
+// The autograd node of kiln::models::apply_layer_norm (layer_norm.hpp): keeps the input, the
+// weight and two floats per row.
+struct layer_norm_function : torch::autograd::Function<layer_norm_function> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+    auto [y, moments] = layer_norm_forward_cpu(x, weight, bias, eps);
+    ctx->save_for_backward({x, weight, moments});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    auto dy = grads[0].to(x.scalar_type()).contiguous();
+    auto g = layer_norm_backward_cpu(x, saved[1], saved[2], dy);
+    return {g.input, g.weight, g.bias, torch::Tensor()};
+  }
+};
+
 }  // namespace kiln::detail
