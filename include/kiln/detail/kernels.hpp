@@ -4,7 +4,7 @@
 // apply_layer_norm) declare an entry point in their header and define it below, behind
 // KILN_KERNEL_DEFINITIONS. Two ways to build:
 //  - header-only (nothing defined): the entry points are inline, and every translation unit
-//    that calls one compiles the kernels behind it, about 14 s of compile per such unit on a
+//    that calls one compiles the kernels behind it, about 12 s of compile per such unit on a
 //    2-core AMD EPYC (bench/run_compile_time);
 //  - KILN_SEPARATE_KERNELS defined: the headers only declare the entry points, and one
 //    translation unit, src/kernels.cpp, compiles them. The CMake target kiln::kiln does this: it
