@@ -28,9 +28,9 @@ inline constexpr std::string_view device_forms = "\"auto\", \"cpu\", \"cuda\" or
 inline bool is_device_name(std::string_view name) {
   if (name == "auto" || name == "cpu" || name == "cuda") return true;
   constexpr std::string_view prefix = "cuda:";
-  const auto index = name.substr(std::min(prefix.size(), name.size()));
-  return name.starts_with(prefix) && !index.empty() && index.size() <= 9 &&
-         std::ranges::all_of(index, [](char c) { return c >= '0' && c <= '9'; });
+  if (!name.starts_with(prefix)) return false;
+  const auto index = name.substr(prefix.size());
+  return !index.empty() && index.size() <= 9 && std::ranges::all_of(index, [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // `name` as a device this process can use, or a config_error that says why not. `where` names

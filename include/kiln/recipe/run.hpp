@@ -120,6 +120,16 @@ typename Trainer::accelerator_t::settings read_policy_settings(const recipe& r) 
   return s;
 }
 
+namespace detail {
+// The kind an axis is resolved to: the policy compiled in, but for the profiler the recipe's
+// subset of those compiled in.
+template <class Axis, class Policy>
+std::string_view resolved_kind(const recipe& r) {
+  if constexpr (std::is_same_v<Axis, axis::profiler>) return r.kinds[profiler_axis];
+  else return Policy::kind;
+}
+}  // namespace detail
+
 // The recipe with every value resolved (defaults included), and the part of it that must
 // match for a run directory to be resumed.
 template <class Trainer>
@@ -127,13 +137,9 @@ std::pair<std::string, std::string> resolve_recipe(const recipe& r) {
   using acc_t = typename Trainer::accelerator_t;
   auto s = read_policy_settings<Trainer>(r);
   std::ostringstream axes;
-  // Each axis's kind as compiled in, but the profiler's: the recipe's subset of those compiled in.
-  auto kind = [&]<class Axis, class Policy>() -> std::string_view {
-    if constexpr (std::is_same_v<Axis, axis::profiler>) return r.kinds[profiler_axis];
-    else return Policy::kind;
-  };
-#define KILN_DETAIL_WRITE_AXIS(axis_name, default_policy) \
-  detail::write_axis(axes, axis::axis_name::name, kind.template operator()<axis::axis_name, typename acc_t::axis_name##_t>(), s.axis_name);
+#define KILN_DETAIL_WRITE_AXIS(axis_name, default_policy)                                                   \
+  detail::write_axis(axes, axis::axis_name::name, detail::resolved_kind<axis::axis_name, typename acc_t::axis_name##_t>(r), \
+                     s.axis_name);
   KILN_AXES(KILN_DETAIL_WRITE_AXIS)
 #undef KILN_DETAIL_WRITE_AXIS
   auto text = r.resolved([&](std::ostream& out) { out << axes.str(); });

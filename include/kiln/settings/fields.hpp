@@ -65,19 +65,22 @@ std::optional<E> parse_choice(std::string_view name) {
     if (c.name == name) return c.value;
   return std::nullopt;
 }
-// Whether a name stands for the value (not so for one cast from an out-of-range number).
+// The name that stands for the value; none for one cast from an out-of-range number.
+template <choice_enum E>
+std::optional<std::string_view> find_choice_name(E value) {
+  for (const auto& c : choices(E{}))
+    if (c.value == value) return c.name;
+  return std::nullopt;
+}
 template <choice_enum E>
 bool is_named(E value) {
-  for (const auto& c : choices(E{}))
-    if (c.value == value) return true;
-  return false;
+  return find_choice_name(value).has_value();
 }
 // The value's name; a value no name stands for shows as that number.
 template <choice_enum E>
 std::string choice_name(E value) {
-  for (const auto& c : choices(E{}))
-    if (c.value == value) return std::string(c.name);
-  return std::to_string(static_cast<long long>(value));
+  const auto found = find_choice_name(value);
+  return found ? std::string(*found) : std::to_string(static_cast<long long>(value));
 }
 template <choice_enum E>
 std::string choice_error(std::string_view name) {
