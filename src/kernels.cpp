@@ -9,3 +9,7 @@
 #include "kiln/models/dropout.hpp"
 #include "kiln/models/gelu.hpp"
 #include "kiln/models/layer_norm.hpp"
+#include "kiln/optim/adafactor.hpp"
+#include "kiln/optim/adam8bit.hpp"
+#include "kiln/optim/adamw.hpp"
+#include "kiln/optim/lion.hpp"

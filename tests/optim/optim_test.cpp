@@ -3,6 +3,7 @@
 #include <kiln/kiln.hpp>
 #include <kiln/models.hpp>
 #include <kiln/datasets.hpp>
+#include <kiln/optim/detail/adam_rule.hpp>  // the rule the fused loop tests run
 
 #include <doctest/doctest.h>
 

@@ -1,8 +1,10 @@
 // kiln/detail/kernels.hpp: where kiln's CPU kernels are compiled.
 //
 // The ops with kernels of their own (kiln::models::cross_entropy, apply_dropout, gelu and
-// apply_layer_norm) declare an entry point in their header and define it below, behind
-// KILN_KERNEL_DEFINITIONS. Two ways to build:
+// apply_layer_norm) and the built-in optimizers' update (adamw, lion, adam8bit, adafactor: their
+// fused loops are most of the code a trainer instantiates) declare an entry point in their header
+// and define it below it, behind KILN_KERNEL_DEFINITIONS. sgd's stays inline: its header is the
+// one a user copies to write an optimizer. Two ways to build:
 //  - header-only (nothing defined): the entry points are inline, and every translation unit
 //    that calls one compiles the kernels behind it, about 12 s of compile per such unit on a
 //    2-core AMD EPYC (bench/run_compile_time);

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/detail/kernels.hpp"
 #include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
 
@@ -83,40 +84,8 @@ class adafactor : public kiln::optim::fused_optimizer<adafactor> {
     if (settings_.beta1 > 0) s.state.emplace_back("exp_avg", torch::zeros(s.param.sizes(), f32));
   }
 
-  void update(kiln::optim::slot& s, const torch::Tensor& grad_in) const {
-    const double t = static_cast<double>(s.step);
-    const double one_minus_beta2 = std::pow(t, settings_.beta2_decay);
-    const double rho = std::min(lr(), 1.0 / std::sqrt(t));
-    auto param = s.param.scalar_type() == torch::kFloat32 ? s.param : s.param.to(torch::kFloat32);
-    auto grad = grad_in.to(torch::kFloat32);
-    const double numel = static_cast<double>(param.numel());
-    const double alpha = std::max(settings_.eps2, param.norm().item<double>() / std::sqrt(numel)) * rho;
-    if (s.weight_decay != 0) param.mul_(1.0 - lr() * s.weight_decay);
-
-    torch::Tensor variance;
-    if (param.dim() >= 2) {
-      auto& row = s.field(0);
-      auto& col = s.field(1);
-      auto squared = grad * grad;
-      row.lerp_(squared.mean(-1, /*keepdim=*/true), one_minus_beta2);
-      col.lerp_(squared.mean(-2, /*keepdim=*/true), one_minus_beta2);
-      variance = torch::matmul(row, col).div_(row.mean(-2, /*keepdim=*/true).clamp_min(eps1_));
-    } else {
-      auto& v = s.field(0);
-      v.lerp_(grad * grad, one_minus_beta2);
-      variance = v.clone();
-    }
-    auto update = variance.clamp_min_(eps1_ * eps1_).rsqrt_().mul_(grad);
-    const double rms = update.norm().item<double>() / std::sqrt(numel);
-    update.div_(std::max(1.0, rms / settings_.clip_threshold));
-    if (settings_.beta1 > 0) {
-      auto& m = s.state.back().second;
-      m.lerp_(update, 1.0 - settings_.beta1);
-      update = m;
-    }
-    param.add_(update, -alpha);
-    if (!param.is_same(s.param)) detail::store_updated(s.param, s.compensation, param);
-  }
+  // Compiled once, in kiln::kernels (kiln/detail/kernels.hpp).
+  void update(kiln::optim::slot& s, const torch::Tensor& grad_in) const;
 
  private:
   settings settings_;
@@ -124,3 +93,40 @@ class adafactor : public kiln::optim::fused_optimizer<adafactor> {
 };
 
 }  // namespace kiln::optim
+
+#if KILN_KERNEL_DEFINITIONS
+KILN_KERNEL_ENTRY void kiln::optim::adafactor::update(kiln::optim::slot& s, const torch::Tensor& grad_in) const {
+  const double t = static_cast<double>(s.step);
+  const double one_minus_beta2 = std::pow(t, settings_.beta2_decay);
+  const double rho = std::min(lr(), 1.0 / std::sqrt(t));
+  auto param = s.param.scalar_type() == torch::kFloat32 ? s.param : s.param.to(torch::kFloat32);
+  auto grad = grad_in.to(torch::kFloat32);
+  const double numel = static_cast<double>(param.numel());
+  const double alpha = std::max(settings_.eps2, param.norm().item<double>() / std::sqrt(numel)) * rho;
+  if (s.weight_decay != 0) param.mul_(1.0 - lr() * s.weight_decay);
+
+  torch::Tensor variance;
+  if (param.dim() >= 2) {
+    auto& row = s.field(0);
+    auto& col = s.field(1);
+    auto squared = grad * grad;
+    row.lerp_(squared.mean(-1, /*keepdim=*/true), one_minus_beta2);
+    col.lerp_(squared.mean(-2, /*keepdim=*/true), one_minus_beta2);
+    variance = torch::matmul(row, col).div_(row.mean(-2, /*keepdim=*/true).clamp_min(eps1_));
+  } else {
+    auto& v = s.field(0);
+    v.lerp_(grad * grad, one_minus_beta2);
+    variance = v.clone();
+  }
+  auto update = variance.clamp_min_(eps1_ * eps1_).rsqrt_().mul_(grad);
+  const double rms = update.norm().item<double>() / std::sqrt(numel);
+  update.div_(std::max(1.0, rms / settings_.clip_threshold));
+  if (settings_.beta1 > 0) {
+    auto& m = s.state.back().second;
+    m.lerp_(update, 1.0 - settings_.beta1);
+    update = m;
+  }
+  param.add_(update, -alpha);
+  if (!param.is_same(s.param)) detail::store_updated(s.param, s.compensation, param);
+}
+#endif

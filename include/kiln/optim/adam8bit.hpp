@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
-#include "kiln/optim/detail/adam_rule.hpp"
+#include "kiln/detail/kernels.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
 #include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/optim/detail/quantize.hpp"
@@ -76,42 +76,51 @@ class adam8bit : public kiln::optim::fused_optimizer<adam8bit> {
                {"exp_avg_sq_absmax", torch::zeros({blocks}, torch::kFloat32)}};
   }
 
-  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
-    const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
-                                 static_cast<double>(s.step));
-    dispatch(s.param, [&](auto type) {
-      using T = decltype(type);
-      T* p = s.param.data_ptr<T>();
-      c10::BFloat16* c = compensation_ptr(s);
-      const T* g = grad.data_ptr<T>();
-      if (!quantized(s)) {
-        detail::fused_loop(s.param.numel(), rule, p, c, g, s.field(0).data_ptr<float>(), s.field(1).data_ptr<float>());
-        return;
-      }
-      std::uint8_t* m_code = s.field(0).data_ptr<std::uint8_t>();
-      float* m_absmax = s.field(1).data_ptr<float>();
-      std::uint8_t* v_code = s.field(2).data_ptr<std::uint8_t>();
-      float* v_absmax = s.field(3).data_ptr<float>();
-      const auto n = s.param.numel();
-      const auto blocks = (n + block_size - 1) / block_size;
-      const auto& signed_map = detail::signed_map();
-      const auto& unsigned_map = detail::unsigned_map();
-      at::parallel_for(0, blocks, 4, [&](std::int64_t first, std::int64_t last) {
-        float m[block_size], v[block_size];
-        for (std::int64_t b = first; b < last; ++b) {
-          const auto begin = b * block_size, len = std::min(block_size, n - begin);
-          detail::dequantize_block(m_code + begin, len, m_absmax[b], m, signed_map);
-          detail::dequantize_block(v_code + begin, len, v_absmax[b], v, unsigned_map);
-          detail::fused_serial(0, len, rule, p + begin, c ? c + begin : nullptr, g + begin, m, v);
-          m_absmax[b] = detail::quantize_block(m, len, m_code + begin, signed_map);
-          v_absmax[b] = detail::quantize_block(v, len, v_code + begin, unsigned_map);
-        }
-      });
-    });
-  }
+  // Compiled once, in kiln::kernels (kiln/detail/kernels.hpp).
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const;
 
  private:
   settings settings_;
 };
 
 }  // namespace kiln::optim
+
+#if KILN_KERNEL_DEFINITIONS
+#include <ATen/Parallel.h>
+
+#include "kiln/optim/detail/adam_rule.hpp"
+
+KILN_KERNEL_ENTRY void kiln::optim::adam8bit::update(kiln::optim::slot& s, const torch::Tensor& grad) const {
+  const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
+                               static_cast<double>(s.step));
+  dispatch(s.param, [&](auto type) {
+    using T = decltype(type);
+    T* p = s.param.data_ptr<T>();
+    c10::BFloat16* c = compensation_ptr(s);
+    const T* g = grad.data_ptr<T>();
+    if (!quantized(s)) {
+      detail::fused_loop(s.param.numel(), rule, p, c, g, s.field(0).data_ptr<float>(), s.field(1).data_ptr<float>());
+      return;
+    }
+    std::uint8_t* m_code = s.field(0).data_ptr<std::uint8_t>();
+    float* m_absmax = s.field(1).data_ptr<float>();
+    std::uint8_t* v_code = s.field(2).data_ptr<std::uint8_t>();
+    float* v_absmax = s.field(3).data_ptr<float>();
+    const auto n = s.param.numel();
+    const auto blocks = (n + block_size - 1) / block_size;
+    const auto& signed_map = detail::signed_map();
+    const auto& unsigned_map = detail::unsigned_map();
+    at::parallel_for(0, blocks, 4, [&](std::int64_t first, std::int64_t last) {
+      float m[block_size], v[block_size];
+      for (std::int64_t b = first; b < last; ++b) {
+        const auto begin = b * block_size, len = std::min(block_size, n - begin);
+        detail::dequantize_block(m_code + begin, len, m_absmax[b], m, signed_map);
+        detail::dequantize_block(v_code + begin, len, v_absmax[b], v, unsigned_map);
+        detail::fused_serial(0, len, rule, p + begin, c ? c + begin : nullptr, g + begin, m, v);
+        m_absmax[b] = detail::quantize_block(m, len, m_code + begin, signed_map);
+        v_absmax[b] = detail::quantize_block(v, len, v_code + begin, unsigned_map);
+      }
+    });
+  });
+}
+#endif

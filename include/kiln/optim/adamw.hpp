@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
-#include "kiln/optim/detail/adam_rule.hpp"
+#include "kiln/detail/kernels.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
 #include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
@@ -59,21 +59,28 @@ class adamw : public kiln::optim::fused_optimizer<adamw> {
     if (settings_.amsgrad) s.state.emplace_back("max_exp_avg_sq", zeros());
   }
 
-  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
-    const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
-                                 static_cast<double>(s.step));
-    if (!settings_.amsgrad) return apply_rule(rule, s, grad, s.field(0), s.field(1));
-    apply_rule(
-        [rule](auto& p, const auto& g, auto& m, auto& v, auto& v_max) {
-          rule.moments(p, g, m, v);
-          v_max = detail::vmax(v_max, v);
-          rule.apply(p, m, v_max);
-        },
-        s, grad, s.field(0), s.field(1), s.field(2));
-  }
+  // Compiled once, in kiln::kernels (kiln/detail/kernels.hpp).
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const;
 
  private:
   settings settings_;
 };
 
 }  // namespace kiln::optim
+
+#if KILN_KERNEL_DEFINITIONS
+#include "kiln/optim/detail/adam_rule.hpp"
+
+KILN_KERNEL_ENTRY void kiln::optim::adamw::update(kiln::optim::slot& s, const torch::Tensor& grad) const {
+  const detail::adam_rule rule(lr(), s.weight_decay, settings_.beta1, settings_.beta2, settings_.eps,
+                               static_cast<double>(s.step));
+  if (!settings_.amsgrad) return apply_rule(rule, s, grad, s.field(0), s.field(1));
+  apply_rule(
+      [rule](auto& p, const auto& g, auto& m, auto& v, auto& v_max) {
+        rule.moments(p, g, m, v);
+        v_max = detail::vmax(v_max, v);
+        rule.apply(p, m, v_max);
+      },
+      s, grad, s.field(0), s.field(1), s.field(2));
+}
+#endif

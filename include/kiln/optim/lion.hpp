@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "kiln/concepts.hpp"
+#include "kiln/detail/kernels.hpp"
 #include "kiln/optim/detail/fused_loop.hpp"
 #include "kiln/optim/fused_optimizer.hpp"
 #include "kiln/settings/fields.hpp"
@@ -50,21 +51,26 @@ class lion : public kiln::optim::fused_optimizer<lion> {
     s.state = {{"exp_avg", torch::zeros(s.param.sizes(), s.param.options().dtype(torch::kFloat32))}};
   }
 
-  void update(kiln::optim::slot& s, const torch::Tensor& grad) const {
-    const float decay = static_cast<float>(1.0 - lr() * s.weight_decay), step = static_cast<float>(lr());
-    const float b1 = static_cast<float>(settings_.beta1), one_minus_b1 = static_cast<float>(1.0 - settings_.beta1);
-    const float b2 = static_cast<float>(settings_.beta2), one_minus_b2 = static_cast<float>(1.0 - settings_.beta2);
-    apply_rule(
-        [=](auto& p, const auto& g, auto& m) {
-          const auto c = m * b1 + g * one_minus_b1;
-          p = p * decay - step * detail::vsign(c);
-          m = m * b2 + g * one_minus_b2;
-        },
-        s, grad, s.field(0));
-  }
+  // Compiled once, in kiln::kernels (kiln/detail/kernels.hpp).
+  void update(kiln::optim::slot& s, const torch::Tensor& grad) const;
 
  private:
   settings settings_;
 };
 
 }  // namespace kiln::optim
+
+#if KILN_KERNEL_DEFINITIONS
+KILN_KERNEL_ENTRY void kiln::optim::lion::update(kiln::optim::slot& s, const torch::Tensor& grad) const {
+  const float decay = static_cast<float>(1.0 - lr() * s.weight_decay), step = static_cast<float>(lr());
+  const float b1 = static_cast<float>(settings_.beta1), one_minus_b1 = static_cast<float>(1.0 - settings_.beta1);
+  const float b2 = static_cast<float>(settings_.beta2), one_minus_b2 = static_cast<float>(1.0 - settings_.beta2);
+  apply_rule(
+      [=](auto& p, const auto& g, auto& m) {
+        const auto c = m * b1 + g * one_minus_b1;
+        p = p * decay - step * detail::vsign(c);
+        m = m * b2 + g * one_minus_b2;
+      },
+      s, grad, s.field(0));
+}
+#endif
