@@ -51,6 +51,13 @@ namespace detail {
 template <class P>
 inline constexpr bool always_finite = requires { requires P::always_finite; };
 
+// An optimizer whose update is elementwise says so (`static constexpr bool elementwise_update =
+// true`): its state can then be split by rows over ranks (sharding::zero1).
+template <class Optimizer>
+constexpr bool elementwise_update() {
+  return requires { requires Optimizer::elementwise_update; };
+}
+
 // A profiler phase as a scope; nothing at all under a profiler that is not enabled.
 template <class Profiler>
 class phase_scope {
@@ -167,7 +174,12 @@ class accelerator {
                              "\" has no Kahan-summed bf16 updates (`void use_kahan_summation(bool)`; kiln's sgd, "
                              "adamw, lion, adafactor and adam8bit have them); use kahan = false for fp32 master weights");
       }
-    optimizer_.attach(named_params_);
+    // A sharding policy that shards the optimizer's state (zero1) attaches it to this rank's
+    // shard of each weight.
+    if constexpr (requires { sharding_.optimizer_shards(named_params_, true); })
+      optimizer_.attach(sharding_.optimizer_shards(named_params_, detail::elementwise_update<optimizer_t>()));
+    else
+      optimizer_.attach(named_params_);
     // The sharding policy's buckets follow what the precision policy made of the parameters, and
     // what the optimizer keeps beside them (Kahan compensations under bf16-pure's kahan = true).
     if constexpr (requires { sharding_.attach(params_, params_); }) {
@@ -272,6 +284,7 @@ class accelerator {
         if (settings_.clip_grad_norm > 0)
           result.grad_norm = torch::nn::utils::clip_grad_norm_(params_, settings_.clip_grad_norm);
         optimizer_.set_lr(result.lr);
+        if constexpr (requires { sharding_.before_optimizer_step(); }) sharding_.before_optimizer_step();
         optimizer_.step();
         result.stepped = true;
       } else {
@@ -316,12 +329,18 @@ class accelerator {
   std::int64_t world_size() const { return sharding_.world_size(); }
   torch::Tensor sum_over_ranks(const torch::Tensor& t) { return sharding_.sum_over_ranks(t); }
 
+  // Whether save_state() is a collective that every rank must call (the optimizer's state is
+  // sharded over ranks, and gathered to be saved whole); otherwise rank 0's alone is the state.
+  static constexpr bool saves_collectively =
+      requires(sharding_t& s, state_dict& d, const std::string& prefix) { s.gather_optimizer_state(d, prefix); };
+
   // Everything the accelerator and its policies need to continue exactly where they were.
-  void save_state(state_dict& state) const {
+  void save_state(state_dict& state) {
     state["accelerator/step"] = scalar_tensor(step_);
     save_policy_state(precision_, state, "precision/");
     save_policy_state(accumulation_, state, "accumulation/");
     save_policy_state(optimizer_, state, "optim/");
+    if constexpr (saves_collectively) sharding_.gather_optimizer_state(state, "optim/");
   }
   void load_state(const state_dict& state) {
     step_ = require(state, "accelerator/step").template item<std::int64_t>();
@@ -329,7 +348,10 @@ class accelerator {
     window_ = accumulation_.micro_steps();
     load_policy_state(precision_, state, "precision/");
     load_policy_state(accumulation_, state, "accumulation/");
-    load_policy_state(optimizer_, state, "optim/");
+    if constexpr (requires { sharding_.shard_optimizer_state(state, std::string()); })
+      load_policy_state(optimizer_, sharding_.shard_optimizer_state(state, "optim/"), "optim/");
+    else
+      load_policy_state(optimizer_, state, "optim/");
   }
 
   const settings& config() const { return settings_; }

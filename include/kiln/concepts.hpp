@@ -127,6 +127,9 @@ concept sharding_policy =
 //   void attach(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& compensations)
 //   void after_optimizer_step(std::int64_t step, std::int64_t total_steps, std::vector<torch::Tensor>& params)
 //                                                  synchronises parameters rather than gradients (local SGD)
+//   optimizer_shards(named, elementwise), before_optimizer_step(), gather_optimizer_state(state, prefix),
+//   shard_optimizer_state(state, prefix)           shards the optimizer's state over ranks (zero1;
+//                                                  kiln/sharding/single.hpp says when each is called)
 //   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(), allreduce_wait_s()
 //                                                  what its collectives cost, written to summary.json
 

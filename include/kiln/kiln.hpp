@@ -45,6 +45,7 @@
 #ifdef USE_DISTRIBUTED  // LibTorch with c10d; the backends (Gloo, NCCL) are checked at run time
 #include "kiln/sharding/ddp.hpp"
 #include "kiln/sharding/local_sgd.hpp"
+#include "kiln/sharding/zero1.hpp"
 #endif
 
 #include "kiln/accelerator.hpp"

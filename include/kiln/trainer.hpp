@@ -208,8 +208,8 @@ class trainer {
         shown.print = printer;
         notify([&](callback& c) { return c.on_eval(shown); });
       }
-      if (main && !run.empty() && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
-        run.save_state(collect_state(module, train));
+      if (!run.empty() && options_.save_every > 0 && step % options_.save_every == 0 && step < options_.steps)
+        save(run, module, train);
     }
 
     summary.steps = step;
@@ -223,9 +223,9 @@ class trainer {
         profiler.set_gradient_health(diagnostics_->last_report(), diagnostics_->warnings());
       profiler.finish(run.profile_dir());
     }
-    if (main && !run.empty()) {
-      run.save_state(collect_state(module, train));
-      if (!summary.stopped_early) run.write_summary(summary_json(summary));
+    if (!run.empty()) {
+      save(run, module, train);
+      if (main && !summary.stopped_early) run.write_summary(summary_json(summary));
     }
     // The other callbacks last, so that the final state and summary.json are there to read.
     for (auto& c : observers)
@@ -418,6 +418,15 @@ class trainer {
     return step;
   }
 
+  // Rank 0 writes the state; every rank collects it where that is a collective (a sharded
+  // optimizer state is gathered from all of them).
+  template <class Loader>
+  void save(const run_directory& run, const torch::nn::Module& module, const Loader& train) {
+    if (!acc_->is_main() && !accelerator_t::saves_collectively) return;
+    auto state = collect_state(module, train);
+    if (acc_->is_main()) run.save_state(state);
+  }
+
   // Everything resume() restores.
   template <class Loader>
   state_dict collect_state(const torch::nn::Module& module, const Loader& train) const {
@@ -439,6 +448,8 @@ class trainer {
       line.add("eval_loss", s.final_eval.loss);
       for (const auto& m : s.final_eval.metrics) line.add("eval_" + m.name, m.value);
     }
+    // Rank 0's optimizer state: 1/N of the whole where the sharding policy splits it (zero1).
+    line.add("optimizer_state_bytes", acc_->optimizer().state_bytes());
     // What the sharding policy's collectives cost (rank 0's count; every rank issues the same).
     auto& sharding = acc_->sharding();
     line.add("world_size", acc_->world_size());

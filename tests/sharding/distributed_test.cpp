@@ -63,6 +63,24 @@ double max_parameter_difference(const fs::path& run_a, const fs::path& run_b, in
   return worst;
 }
 
+// The largest difference between two runs' saved optimizer states, which must hold the same
+// entries with the same shapes.
+double max_optimizer_state_difference(const fs::path& run_a, const fs::path& run_b) {
+  const auto a = kiln::load_state_file(run_a / "state.pt");
+  const auto b = kiln::load_state_file(run_b / "state.pt");
+  double worst = 0;
+  int compared = 0;
+  for (const auto& [name, value] : a) {
+    if (name.rfind("optim/", 0) != 0) continue;
+    REQUIRE_MESSAGE(b.count(name) == 1, name);
+    REQUIRE_MESSAGE(value.sizes() == b.at(name).sizes(), name);
+    worst = std::max(worst, (value.to(torch::kDouble) - b.at(name).to(torch::kDouble)).abs().max().item<double>());
+    ++compared;
+  }
+  REQUIRE(compared > 0);
+  return worst;
+}
+
 // Bytes of the model's parameters in a run's state: what one full all-reduce sends.
 double parameter_bytes(const fs::path& run) {
   double bytes = 0;
@@ -424,6 +442,88 @@ TEST_SUITE("sharding") {
     // A full set of parameters per average: 4x fewer bytes than DDP's all-reduce every step.
     CHECK(summary_field(dir.path / "every4", "collective_bytes") == 2 * parameter_bytes(dir.path / "every4"));
     CHECK(summary_field(dir.path / "every1", "collective_bytes") == 8 * parameter_bytes(dir.path / "every1"));
+  }
+
+  TEST_CASE("zero1: 2 and 3 ranks take ddp's steps exactly, hold 1/N of AdamW's state each, save it whole") {
+    kiln::test::temp_dir dir("zero1");
+    const std::string small_buckets = "\nbucket_mb = 0.002\nfirst_bucket_mb = 0.002";
+    auto launch = [&](int ranks, const std::string& sharding, const std::string& name, std::int64_t batch) {
+      const auto recipe = dir.write(name + ".toml", job("kind = \"" + sharding + "\"" + small_buckets, adamw, batch, 6));
+      auto launched = kiln_cli("launch -n " + std::to_string(ranks) + " '" + recipe.string() + "'" +
+                               run_dir_option(dir.path / name));
+      REQUIRE_MESSAGE(launched.status == 0, launched.output);
+    };
+    launch(2, "zero1", "zero1-2", 32);
+    launch(2, "ddp", "ddp-2", 32);
+    launch(3, "zero1", "zero1-3", 16);
+    const auto single_recipe = dir.write("single.toml", job("kind = \"single\"", adamw, 64, 6));
+    auto single = kiln_cli("run '" + single_recipe.string() + "'" + run_dir_option(dir.path / "single"));
+    REQUIRE_MESSAGE(single.status == 0, single.output);
+
+    // The same averaged gradients, the same elementwise update: bit for bit ddp's parameters, and
+    // the saved (gathered) moments are ddp's, shape for shape.
+    CHECK(max_parameter_difference(dir.path / "zero1-2", dir.path / "ddp-2") == 0);
+    CHECK(max_optimizer_state_difference(dir.path / "zero1-2", dir.path / "ddp-2") == 0);
+    CHECK(max_parameter_difference(dir.path / "zero1-2", dir.path / "single") <= 1e-5);
+    // 3 ranks x 16 is not the single run's batch of 64: checked against one process of 48.
+    const auto single48 = dir.write("single48.toml", job("kind = \"single\"", adamw, 48, 6));
+    auto single3 = kiln_cli("run '" + single48.string() + "'" + run_dir_option(dir.path / "single48"));
+    REQUIRE_MESSAGE(single3.status == 0, single3.output);
+    CHECK(max_parameter_difference(dir.path / "zero1-3", dir.path / "single48") <= 1e-5);
+
+    // AdamW keeps 8 bytes per parameter: ddp's rank 0 all of them, zero1's its rows. At 3 ranks
+    // rows split unevenly (32 rows: 11, 11, 10; the head's 4: 2, 2, 0), hence the 10% margin.
+    const auto whole = summary_field(dir.path / "ddp-2", "optimizer_state_bytes");
+    CHECK(whole == 1732 * 8);
+    CHECK(summary_field(dir.path / "zero1-2", "optimizer_state_bytes") == whole / 2);
+    CHECK(summary_field(dir.path / "zero1-3", "optimizer_state_bytes") <= whole / 3 * 1.1);
+    // ddp's all-reduce of the gradients plus an all-gather of this rank's (padded) rows.
+    CHECK(summary_field(dir.path / "zero1-2", "collective_bytes") == 6 * 1.5 * parameter_bytes(dir.path / "zero1-2"));
+    CHECK(summary_field(dir.path / "zero1-2", "gradient_allreduces") == 6 * summary_field(dir.path / "zero1-2", "buckets"));
+  }
+
+  TEST_CASE("zero1: a run stopped and resumed continues to the parameters of an uninterrupted one") {
+    kiln::test::temp_dir dir("zero1_resume");
+    const auto recipe = dir.write("zero1.toml", job("kind = \"zero1\"", adamw, 32, 6));
+    auto launch = [&](const std::string& name, std::int64_t steps) {
+      auto launched = kiln_cli("launch -n 2 '" + recipe.string() + "' --set train.steps=" + std::to_string(steps) +
+                               run_dir_option(dir.path / name));
+      REQUIRE_MESSAGE(launched.status == 0, launched.output);
+      return launched.output;
+    };
+    launch("straight", 6);
+    launch("resumed", 3);
+    fs::remove(dir.path / "resumed" / "summary.json");  // unfinished: the next launch resumes it
+    CHECK(launch("resumed", 6).find("resuming") != std::string::npos);
+    CHECK(max_parameter_difference(dir.path / "resumed", dir.path / "straight") == 0);
+    CHECK(max_optimizer_state_difference(dir.path / "resumed", dir.path / "straight") == 0);
+  }
+
+  TEST_CASE("zero1 with activation checkpointing, in fp32 and bf16-pure (masters or Kahan), with accumulation: ddp's parameters exactly") {
+    kiln::test::temp_dir dir("zero1_checkpointed");
+    auto run = [&](const std::string& recipe, const std::string& name, const std::string& extra = "") {
+      return run_checkpointed_gpt(dir.path, recipe, name, extra);
+    };
+    CHECK(difference(run("zero1-checkpointed", "zero1"), run("ddp-checkpointed", "ddp")) == 0);
+    // Accumulation: the gradients of a window are averaged once, at its end, as ddp does.
+    const std::string accumulate = " --set data.batch_size=4 --set accumulation.steps=2";
+    CHECK(difference(run("zero1-checkpointed", "zero1_acc", accumulate), run("ddp-checkpointed", "ddp_acc", accumulate)) == 0);
+    for (const std::string kahan : {"false", "true"}) {
+      CAPTURE(kahan);
+      // The optimizer updates its rows of the fp32 masters (or of the bf16 weights, with their
+      // compensations); the gathered masters are rounded into the model as without sharding.
+      const std::string pure = " --set precision.kind=bf16-pure --set precision.kahan=" + kahan;
+      CHECK(difference(run("zero1-checkpointed", "zero1_" + kahan, pure), run("ddp-checkpointed-bf16", "ddp_" + kahan, pure)) == 0);
+    }
+  }
+
+  TEST_CASE("zero1 refuses an optimizer whose update is not elementwise, saying why") {
+    kiln::test::temp_dir dir("zero1_adafactor");
+    auto launched = kiln_cli("launch -n 2 '" KILN_SOURCE_DIR "/tests/sharding/recipes/zero1-checkpointed.toml' "
+                             "--set optimizer.kind=adafactor" + run_dir_option(dir.path / "run"),
+                             KILN_TEST_CLI);
+    CHECK(launched.status != 0);
+    CHECK_MESSAGE(launched.output.find("elementwise (sgd, adamw, lion)") != std::string::npos, launched.output);
   }
 
   TEST_CASE("kiln launch: a rank killed mid-run stops the job, non-zero, within the grace period") {

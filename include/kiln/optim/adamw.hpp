@@ -28,6 +28,7 @@ class adamw : public kiln::optim::fused_optimizer<adamw> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "adamw";
+  static constexpr bool elementwise_update = true;  // each element's update reads only its own state
 
   struct settings {
     double lr = 1e-3;

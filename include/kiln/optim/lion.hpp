@@ -25,6 +25,7 @@ class lion : public kiln::optim::fused_optimizer<lion> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "lion";
+  static constexpr bool elementwise_update = true;  // each element's update reads only its own state
 
   struct settings {
     double lr = 1e-4;

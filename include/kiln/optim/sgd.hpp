@@ -35,6 +35,7 @@ class sgd : public kiln::optim::fused_optimizer<sgd> {
  public:
   using axis = kiln::axis::optimizer;
   static constexpr std::string_view kind = "sgd";
+  static constexpr bool elementwise_update = true;  // each element's update reads only its own state
 
   struct settings {
     double lr = 0.1;

@@ -34,6 +34,7 @@
 #ifdef USE_DISTRIBUTED
 #include "kiln/sharding/ddp.hpp"
 #include "kiln/sharding/local_sgd.hpp"
+#include "kiln/sharding/zero1.hpp"
 #endif
 
 // The same registration as KILN_REGISTER_*, ranked by line so that kiln's kinds come first.
@@ -53,6 +54,7 @@ KILN_DETAIL_BUILTIN(register_policy, kiln::sharding::single)
 #ifdef USE_DISTRIBUTED
 KILN_DETAIL_BUILTIN(register_policy, kiln::sharding::ddp)
 KILN_DETAIL_BUILTIN(register_policy, kiln::sharding::local_sgd)
+KILN_DETAIL_BUILTIN(register_policy, kiln::sharding::zero1)
 #endif
 KILN_DETAIL_BUILTIN(register_policy, kiln::optim::sgd)
 KILN_DETAIL_BUILTIN(register_policy, kiln::optim::adamw)

@@ -66,7 +66,7 @@ class ddp : public kiln::detail::replicated_base {
     }
   };
 
-  explicit ddp(const settings& s) : replicated_base(kind, s.timeout_s, s.backend), settings_(s) {}
+  explicit ddp(const settings& s) : ddp(s, kind) {}
   ddp(const ddp&) = delete;  // the gradient hooks hold `this`
   ddp& operator=(const ddp&) = delete;
 
@@ -143,6 +143,11 @@ class ddp : public kiln::detail::replicated_base {
   // backward did not hide (it includes waiting for a slower rank to finish its backward). Under
   // NCCL, wait() only orders the GPU stream, so this is CPU time and reads near zero.
   double allreduce_wait_s() const { return allreduce_wait_s_; }
+
+ protected:
+  // For a policy built on ddp's gradient averaging (zero1): `policy_kind` names it in errors.
+  ddp(const settings& s, std::string_view policy_kind)
+      : replicated_base(policy_kind, s.timeout_s, s.backend), settings_(s) {}
 
  private:
   // A parameter's gradient for this backward: its slot gets it plus what earlier micro-steps of

@@ -26,6 +26,15 @@
 //   after_optimizer_step(step, total, weights) called after every optimizer step with the
 //                                              tensors the optimizer updates (local-sgd
 //                                              averages them there);
+//   optimizer_shards(named weights, elementwise) the optimizer is attached to what this returns
+//                                              (zero1: this rank's rows of each weight) instead
+//                                              of the weights; `elementwise` says whether the
+//                                              optimizer's update is (its elementwise_update);
+//   before_optimizer_step()                    just before each optimizer step (zero1 points
+//                                              its shards' gradients at the averaged ones);
+//   gather_optimizer_state(state, prefix)      makes a checkpoint's optimizer entries whole (a
+//                                              collective: every rank saves when it is present);
+//   shard_optimizer_state(state, prefix)       the reverse, for loading: this rank's part;
 //   buckets(), gradient_allreduces(), parameter_averages(), collective_bytes(),
 //   allreduce_wait_s()                         reported in summary.json when present.
 #pragma once
