@@ -7,8 +7,12 @@ Starts --ranks copies of itself (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as 
 them) and prints rank 0's JSON object: the mean ms/step of --steps synchronized steps after
 --warmup, then the same steps' backward times next to --steps backwards under model.no_sync():
 their difference is the all-reduce time backward does not hide (plus waiting for the slower rank).
+With --zero1, AdamW runs inside torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO stage 1:
+each rank keeps and steps the state of its share of the parameters, whole tensors assigned
+greedily by size, then broadcasts them), the Python counterpart of kiln's sharding::zero1; rank 0
+also reports the optimizer state it holds.
 
-    /usr/bin/python3 bench/ddp_bench.py --ranks 2 --threads 1 --warmup 10 --steps 20
+    /usr/bin/python3 bench/ddp_bench.py --ranks 2 --threads 1 --warmup 10 --steps 20 [--zero1]
 """
 import argparse
 import json
@@ -44,8 +48,12 @@ def rank_main(args):
     # kiln's recipe: no weight decay on biases, LayerNorm gains and embeddings.
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith(("tok.", "pos."))]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.startswith(("tok.", "pos.")))]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=1e-3)
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=1e-3)
     torch.manual_seed(1 + rank)
     tokens = torch.randint(0, VOCAB, (1024, SEQ + 1))
 
@@ -80,6 +88,10 @@ def rank_main(args):
         logging = ddp._get_ddp_logging_data()
         buckets = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")
         gradient_bytes = sum(4 * p.numel() for p in model.parameters() if p.requires_grad)
+        # The state this rank holds (ZeroRedundancyOptimizer: its local optimizer's share).
+        local = optimizer.optim if args.zero1 else optimizer
+        state_bytes = sum(t.numel() * t.element_size() for st in local.state.values() for t in st.values()
+                          if torch.is_tensor(t) and t.dim() > 0)
         print(json.dumps({
             "ranks": world, "threads": args.threads, "batch_per_rank": BATCH, "seq_len": SEQ,
             "parameters": parameters, "kiln_parameters": KILN_PARAMETERS,
@@ -90,6 +102,8 @@ def rank_main(args):
             "exposed_allreduce_ms": 1e3 * (statistics.median(backward_sync) - statistics.median(backward_local)),
             "allreduce_bytes_per_step": gradient_bytes,
             "bucket_bytes": buckets,
+            "optimizer_state_bytes": state_bytes,
+            "zero1": args.zero1,
         }), flush=True)
     dist.destroy_process_group()
 
@@ -106,6 +120,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--zero1", action="store_true", help="AdamW inside ZeroRedundancyOptimizer")
     args = parser.parse_args()
     if "RANK" in os.environ:
         return rank_main(args)

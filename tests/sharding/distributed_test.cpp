@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -48,35 +49,32 @@ std::string job(const std::string& sharding, const std::string& optimizer, std::
 const std::string adamw = "kind = \"adamw\"\nlr = 0.01";
 const std::string sgd = "kind = \"sgd\"\nlr = 0.1\nmomentum = 0.9";
 
-double max_parameter_difference(const fs::path& run_a, const fs::path& run_b, int tensors = 6) {
+// The largest difference between the entries of two runs' saved states whose names start with
+// `prefix` (both must hold them, shaped alike), and how many there are.
+std::pair<double, int> max_state_difference(const fs::path& run_a, const fs::path& run_b, const std::string& prefix) {
   const auto a = kiln::load_state_file(run_a / "state.pt");
   const auto b = kiln::load_state_file(run_b / "state.pt");
   double worst = 0;
   int compared = 0;
   for (const auto& [name, value] : a) {
-    if (name.rfind("model/", 0) != 0) continue;
-    REQUIRE(b.count(name) == 1);
+    if (name.rfind(prefix, 0) != 0) continue;
+    REQUIRE_MESSAGE(b.count(name) == 1, name);
+    REQUIRE_MESSAGE(value.sizes() == b.at(name).sizes(), name);
     worst = std::max(worst, (value - b.at(name)).abs().max().item<double>());
     ++compared;
   }
+  return {worst, compared};
+}
+
+double max_parameter_difference(const fs::path& run_a, const fs::path& run_b, int tensors = 6) {
+  const auto [worst, compared] = max_state_difference(run_a, run_b, "model/");
   REQUIRE(compared == tensors);  // the MLP's: three Linear layers
   return worst;
 }
 
-// The largest difference between two runs' saved optimizer states, which must hold the same
-// entries with the same shapes.
+// Between two runs' saved optimizer states (moments, step counts).
 double max_optimizer_state_difference(const fs::path& run_a, const fs::path& run_b) {
-  const auto a = kiln::load_state_file(run_a / "state.pt");
-  const auto b = kiln::load_state_file(run_b / "state.pt");
-  double worst = 0;
-  int compared = 0;
-  for (const auto& [name, value] : a) {
-    if (name.rfind("optim/", 0) != 0) continue;
-    REQUIRE_MESSAGE(b.count(name) == 1, name);
-    REQUIRE_MESSAGE(value.sizes() == b.at(name).sizes(), name);
-    worst = std::max(worst, (value.to(torch::kDouble) - b.at(name).to(torch::kDouble)).abs().max().item<double>());
-    ++compared;
-  }
+  const auto [worst, compared] = max_state_difference(run_a, run_b, "optim/");
   REQUIRE(compared > 0);
   return worst;
 }

@@ -86,15 +86,15 @@ class zero1 : public ddp {
   void after_optimizer_step(std::int64_t /*step*/, std::int64_t /*total_steps*/, std::vector<torch::Tensor>& /*weights*/) {
     torch::NoGradGuard no_grad;
     for (auto& b : gather_buckets_) {
-      auto input = torch::zeros({b.chunk}, b.flat.options());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
         const auto& shard = shards_[b.members[k]];
-        input.narrow(0, b.offsets[k], shard.numel()).copy_(shard.reshape({-1}));
+        b.input.narrow(0, b.offsets[k], shard.numel()).copy_(shard.reshape({-1}));
       }
-      b.input = input;
       b.in_flight.emplace(group_->allgather(b.flat.chunk(world_size()), b.input));
       count_gather(b);
     }
+    for (auto& w : weights_)  // while the all-gathers run
+      if (w.grad().defined()) w.mutable_grad().zero_();
     for (auto& b : gather_buckets_) {
       b.in_flight->wait();
       b.in_flight.reset();
@@ -104,15 +104,12 @@ class zero1 : public ddp {
         const auto row_numel = rows.numel() / std::max<std::int64_t>(rows.size(0), 1);
         for (std::int64_t r = 0; r < world_size(); ++r) {
           const auto [begin, count] = rows_of(rows.size(0), r);
-          if (count == 0) continue;
+          if (count == 0 || r == rank()) continue;  // its own rows are the optimizer's, already in place
           rows.narrow(0, begin, count)
               .copy_(b.flat.narrow(0, r * b.chunk + b.offsets[k], count * row_numel).view(rows.narrow(0, begin, count).sizes()));
         }
       }
-      b.input = torch::Tensor();
     }
-    for (auto& w : weights_)
-      if (w.grad().defined()) w.mutable_grad().zero_();
   }
 
   // A checkpoint's optimizer state: this rank's entries (shaped as its shards) replaced by the
@@ -160,7 +157,7 @@ class zero1 : public ddp {
     std::vector<std::int64_t> offsets;  // of each member's shard within a rank's chunk
     std::int64_t chunk = 0;             // elements per rank
     torch::Tensor flat;                 // world_size() chunks, in the group's wire dtype
-    torch::Tensor input;                // this rank's chunk while the all-gather runs
+    torch::Tensor input;                // this rank's chunk (its padding stays zero)
     std::optional<kiln::detail::pending_collective> in_flight;
   };
 
@@ -214,6 +211,7 @@ class zero1 : public ddp {
     for (auto& b : buckets) {
       const auto& first = weights_[b.members.front()];
       b.flat = torch::empty({b.chunk * world_size()}, first.options().dtype(group_->wire_dtype(first.scalar_type())));
+      b.input = torch::zeros({b.chunk}, b.flat.options());
     }
     return buckets;
   }
