@@ -247,14 +247,23 @@ class accelerator {
   // `loss` is the mean over `items` of the accumulation policy's unit (samples or tokens; left
   // at 1 when the policy normalises by micro-batches).
   void backward(const torch::Tensor& loss, double items = 1.0) {
-    auto timed = phase(kiln::phase::backward);
-    auto scaled = precision_.scale(accumulation_.normalize(loss, items, gradient_rank_mean_));
-    if (is_sync_step()) {
+    {
+      auto timed = phase(kiln::phase::backward);
+      auto scaled = precision_.scale(accumulation_.normalize(loss, items, gradient_rank_mean_));
+      if (!is_sync_step()) {
+        auto no_sync = sharding_.no_sync();
+        scaled.backward();
+        return;
+      }
       scaled.backward();
+    }
+    // The gradient synchronisation backward did not hide (ddp: waiting for its all-reduces) is
+    // the profiler's communication phase, where there are ranks to communicate with.
+    if constexpr (requires { requires sharding_t::distributed; }) {
+      auto timed = phase(kiln::phase::communication);
       sharding_.finish_backward();
     } else {
-      auto no_sync = sharding_.no_sync();
-      scaled.backward();
+      sharding_.finish_backward();
     }
   }
 
@@ -292,12 +301,18 @@ class accelerator {
       }
       optimizer_.zero_grad();
       ++step_;  // skipped steps count too: the schedule follows windows, as with GradScaler
-      // Sharding that synchronises parameters rather than gradients (local SGD) does it here, on the
-      // weights the optimizer updates (bf16-pure's fp32 masters, not their rounding in the model) ...
-      if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps, params_); })
-        sharding_.after_optimizer_step(step_, settings_.total_steps, params_);
-      // ... and a precision policy that keeps its own weights rounds them into the model after that.
-      if constexpr (requires { precision_.after_step(); }) precision_.after_step();
+    }
+    // Sharding that synchronises parameters after the step (local SGD's average, zero1's
+    // all-gather) does it here, on the weights the optimizer updates (bf16-pure's fp32 masters,
+    // not their rounding in the model) ...
+    if constexpr (requires { sharding_.after_optimizer_step(step_, settings_.total_steps, params_); }) {
+      auto timed = phase(kiln::phase::communication);
+      sharding_.after_optimizer_step(step_, settings_.total_steps, params_);
+    }
+    // ... and a precision policy that keeps its own weights rounds them into the model after that.
+    if constexpr (requires { precision_.after_step(); }) {
+      auto timed = phase(kiln::phase::optimizer);
+      precision_.after_step();
     }
     if constexpr (profiler_t::enabled) profiler_.on_step_end(step_);
     return last_ = result;
