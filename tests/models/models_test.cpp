@@ -192,12 +192,19 @@ TEST_CASE("apply_linear: Linear's forward outside autocast, and under bf16 autoc
     return meter.peak();
   };
   const std::int64_t out_bytes = 8 * 16 * 256 * 2, weight_bytes = 64 * 256 * 2, bias_bytes = 256 * 2;
-  // the output, the bf16 weight and bias (cast once and cached), and nothing else of the output's size
-  // (the matmul's own few KiB of scratch aside)
-  CHECK(peak_of([&] { return kiln::models::apply_linear(*layer, input); }) < out_bytes + weight_bytes + bias_bytes + out_bytes / 4);
+  const auto peak = peak_of([&] { return kiln::models::apply_linear(*layer, input); });
   // LibTorch's C++ Linear adds the fp32 bias through an fp32 copy of the output (the reference
-  // this improves on)
-  CHECK(peak_of([&] { return layer->forward(input); }) >= out_bytes + 2 * out_bytes);
+  // this improves on).
+  const auto reference_peak = peak_of([&] { return layer->forward(input); });
+  CAPTURE(peak);
+  CAPTURE(reference_peak);
+  CHECK(reference_peak >= out_bytes + 2 * out_bytes);
+  // apply_linear: the output, the bf16 weight and bias (cast once and cached) and the matmul's scratch,
+  // with no room for an fp32 copy of the output. The scratch depends on the CPU's bf16 GEMM: a
+  // few KiB where bf16 is emulated, about 80 KiB where LibTorch 2.x's oneDNN runs AVX-512 BF16
+  // (it reorders the weight), so the bound is that copy, not a fixed allowance.
+  CHECK(peak < out_bytes + weight_bytes + bias_bytes + 2 * out_bytes);
+  CHECK(peak + out_bytes <= reference_peak);
 }
 
 TEST_CASE("mlp learns make_classification with AdamW in 200 steps") {
